@@ -1,0 +1,51 @@
+# The two commands the README promises: `make run` and `make test`.
+SHELL := /bin/bash
+PY    := .venv/bin/python
+AENV  := .venv/bin/aenv
+UV    := .uv/bin/uv
+
+.PHONY: run test setup host-deps venv artifacts unit integration e2e lint bench clean
+
+run: setup
+	$(AENV) server
+
+test: setup
+	$(MAKE) lint
+	$(MAKE) unit
+	$(MAKE) integration
+	$(MAKE) e2e
+
+setup: host-deps venv artifacts
+
+host-deps:
+	bash scripts/install-host-deps.sh
+
+venv: .venv/.synced
+
+.venv/.synced: pyproject.toml uv.lock
+	test -x $(UV) || (/usr/bin/python3.11 -m venv .uv && .uv/bin/pip install -q uv==0.13.9)
+	UV_PROJECT_ENVIRONMENT=.venv $(UV) sync --frozen --python /usr/bin/python3.11 -q
+	$(PY) -m pip check 2>/dev/null || $(UV) pip check --python $(PY)
+	touch $@
+
+# Kernel, tools drive and the default template: cached by their inputs' hashes.
+artifacts: venv
+	$(AENV) setup
+
+lint: venv
+	.venv/bin/ruff check src tests bench
+
+unit: venv
+	$(PY) -m pytest -q tests/unit
+
+integration: venv
+	$(PY) -m pytest -q tests/integration
+
+e2e: venv
+	$(PY) -m pytest -q tests/e2e
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf .venv .uv

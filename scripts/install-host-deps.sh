@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages aenv needs on the host. Never a kernel package: the guest
+# kernel is built from linux-source into the data directory.
+set -euo pipefail
+pkgs=(qemu-system-x86 qemu-utils debootstrap nftables xfsprogs e2fsprogs protobuf-compiler
+      busybox-static linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev
+      cpio iproute2 util-linux tmux nodejs)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,1 @@
+"""aenv api plane."""

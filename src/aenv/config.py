@@ -1,0 +1,125 @@
+"""Node configuration: embedded defaults, then an optional TOML file, then AENV_* env vars.
+
+One typed object is read once at start-up and handed down; nothing else reads the
+environment. Paths are made absolute at load time.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+ENV_PREFIX = "AENV_"
+DEFAULT_CONFIG_FILE = Path("/etc/aenv/config.toml")
+
+
+class MachineShape(BaseModel, frozen=True):
+    """What a VMM must be started with; microvm has no hotplug, so this keys warm pools."""
+
+    vcpus: int = Field(1, ge=1, le=64)
+    memory_mib: int = Field(512, ge=64, le=262144)
+    disk_mib: int = Field(4096, ge=64, le=1048576)
+
+
+class Config(BaseModel):
+    data_dir: Path = Path("/var/lib/aenv")
+    # Sparse XFS image mounted at data_dir when data_dir's filesystem cannot reflink.
+    data_image_size_gib: int = 64
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    domain: str | None = None
+
+    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    qemu_binary: str = "qemu-system-x86_64"
+    # Any other bzImage; empty means the kernel aenv builds from linux-source-6.12.
+    kernel_path: Path | None = None
+    kernel_cmdline_extra: str = ""
+
+    default_shape: MachineShape = MachineShape()
+    default_template: str = "base"
+
+    # Jail: each QEMU runs as uid/gid jail_uid_base + slot index (no /etc/passwd entries).
+    jail_uid_base: int = 880000
+    jail_uid_count: int = 4096
+    # Memory the QEMU process may use beyond guest RAM (code, TCG translation cache, devices).
+    jail_memory_overhead_mib: int = 384
+    jail_pids_max: int = 256
+
+    # Network: host-side addresses come from 198.18.0.0/15, four per slot.
+    slot_network: str = "198.18.0.0/15"
+    max_slots: int = 4096
+
+    max_sandboxes: int = 64
+    max_concurrent_boots: int = 4
+    on_shutdown: Literal["pause", "kill"] = "kill"
+    log_level: str = "info"
+
+    @field_validator("data_dir", "kernel_path", mode="after")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return v.expanduser().absolute() if v is not None else None
+
+    # Derived locations under the data directory: one place names them.
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "aenv.db"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    @property
+    def templates_dir(self) -> Path:
+        return self.data_dir / "templates"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self.data_dir / "snapshots"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.data_dir / "sandboxes"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.data_dir / "run"
+
+
+_SIMPLE_ENV = {
+    "DATA_DIR": "data_dir",
+    "HOST": "host",
+    "PORT": "port",
+    "API_KEY": "api_key",
+    "DOMAIN": "domain",
+    "ACCEL": "accel",
+    "QEMU_BINARY": "qemu_binary",
+    "KERNEL_PATH": "kernel_path",
+    "DEFAULT_TEMPLATE": "default_template",
+    "MAX_SANDBOXES": "max_sandboxes",
+    "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",
+    "ON_SHUTDOWN": "on_shutdown",
+    "LOG_LEVEL": "log_level",
+    "JAIL_UID_BASE": "jail_uid_base",
+}
+
+
+def load(path: Path | None = None, env: dict[str, str] | None = None, **overrides: object) -> Config:
+    """Build the config. `overrides` (e.g. CLI flags) win over env, env over the file."""
+    env = dict(os.environ) if env is None else env
+    data: dict[str, object] = {}
+    file = path or (Path(env[ENV_PREFIX + "CONFIG"]) if ENV_PREFIX + "CONFIG" in env else None)
+    if file is None and DEFAULT_CONFIG_FILE.exists():
+        file = DEFAULT_CONFIG_FILE
+    if file is not None:
+        with open(file, "rb") as f:
+            data.update(tomllib.load(f))
+    for suffix, field in _SIMPLE_ENV.items():
+        if ENV_PREFIX + suffix in env:
+            data[field] = env[ENV_PREFIX + suffix]
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return Config.model_validate(data)

@@ -1,0 +1,1 @@
+"""aenv orchestrator plane."""
