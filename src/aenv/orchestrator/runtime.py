@@ -1,0 +1,334 @@
+"""The node runtime: real microVMs from templates, each in its own jail and network slot.
+
+Creating a sandbox restores its template's snapshot into a fresh QEMU: clone the
+snapshot's RAM and disk files into the VM's directory (reflink: no data copied), start
+QEMU waiting for an incoming migration, load the device state, continue, and push the
+sandbox's identity to the agent's /init. Implements `runtime_api.Runtime`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from aenv.config import Config, MachineShape
+from aenv.network.addressing import guest_ip_cmdline
+from aenv.network.pool import SlotPool
+from aenv.network.slot import Slot
+from aenv.orchestrator.runtime_api import (
+    AGENT_PORT,
+    AgentInit,
+    CapacityExceeded,
+    RuntimeError_,
+    SandboxHandle,
+    TemplateInfo,
+    TemplateNotFound,
+)
+from aenv.storage import datafs
+from aenv.storage.files import clone, fsync_path
+from aenv.storage.snapshots import Manifest, SnapshotCorrupt, SnapshotNotFound, SnapshotStore
+from aenv.storage.templates import TemplateCatalog, TemplateMissing
+from aenv.vmm.base import Drive, Vm, VmmError, VmSpec
+from aenv.vmm.cgroup import Cgroup, list_groups
+from aenv.vmm.qemu import QemuDriver, host_tsc_khz
+
+log = logging.getLogger(__name__)
+
+AGENT_BOOT_TIMEOUT = 180.0  # a cold boot under TCG: kernel ~1 s, Python agent start far more
+AGENT_INIT_TIMEOUT = 10.0
+
+
+class BootError(RuntimeError_):
+    status = 500
+
+
+def kernel_cmdline(extra: str = "") -> str:
+    parts = [
+        "console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4",
+        f"tsc_early_khz={host_tsc_khz()}", "root=/dev/vda", "ro", "rootfstype=ext4",
+        "init=/init", guest_ip_cmdline(), "random.trust_cpu=on", "8250.nr_uarts=1",
+    ]
+    return " ".join(parts + ([extra] if extra else []))
+
+
+@dataclass
+class Machine:
+    """One VM with the slot and directory it holds."""
+
+    name: str
+    vm: Vm
+    slot: Slot
+    workdir: Path
+
+
+class Runtime:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.driver = QemuDriver(
+            binary=cfg.qemu_binary, accel=cfg.accel, probe_kernel=cfg.kernel_path,
+            cache_dir=cfg.artifacts_dir, memory_overhead_mib=cfg.jail_memory_overhead_mib,
+            pids_max=cfg.jail_pids_max,
+        )
+        self.snapshots = SnapshotStore(cfg.snapshots_dir)
+        self.catalog = TemplateCatalog(cfg.templates_dir)
+        self.slots = SlotPool(
+            uid_for_index=lambda i: cfg.jail_uid_base + i,
+            max_slots=min(cfg.max_slots, cfg.jail_uid_count),
+        )
+        self._machines: dict[str, Machine] = {}
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(AGENT_INIT_TIMEOUT, connect=1.0))
+
+    # -- lifecycle of the runtime itself ------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(datafs.ensure, self.cfg.data_dir, self.cfg.data_image_size_gib)
+        for d in (self.cfg.artifacts_dir, self.cfg.templates_dir, self.cfg.snapshots_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.cfg.sandboxes_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self.cfg.sandboxes_dir.chmod(0o711)
+        await asyncio.to_thread(self.driver.check)
+        self.snapshots.gc_staging()
+        log.info("runtime ready: driver=%s accel=%s", self.driver.name, self.driver.accel())
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
+        self._machines.clear()
+        await self.slots.close()
+        await self._http.aclose()
+
+    async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+        """Reclaim what an earlier node process left behind: jails (cgroups and their
+        processes), VM directories and slots not named in `keep`."""
+        reclaimed = []
+        for name in await asyncio.to_thread(list_groups):
+            if name not in keep and name not in self._machines:
+                await asyncio.to_thread(Cgroup(name).remove)
+                reclaimed.append(f"cgroup:{name}")
+        if self.cfg.sandboxes_dir.exists():
+            for p in self.cfg.sandboxes_dir.iterdir():
+                if p.name not in keep and p.name not in self._machines:
+                    shutil.rmtree(p, ignore_errors=True)
+                    reclaimed.append(f"dir:{p.name}")
+        reclaimed += await self.slots.reclaim_orphans()
+        return reclaimed
+
+    def accel(self) -> str:
+        return self.driver.accel().value
+
+    # -- templates --------------------------------------------------------------------
+    def templates(self) -> list[TemplateInfo]:
+        return [self._template_info(t.name) for t in self.catalog.list()]
+
+    def template(self, name_or_id: str) -> TemplateInfo:
+        return self._template_info(name_or_id)
+
+    def _template_info(self, name: str) -> TemplateInfo:
+        try:
+            t = self.catalog.get(name)
+        except TemplateMissing:
+            raise TemplateNotFound(f"template {name!r} not found") from None
+        return TemplateInfo(
+            template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,
+            envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,
+            size_bytes=t.rootfs_bytes,
+        )
+
+    # -- machines ----------------------------------------------------------------------
+    async def _prepare(self, name: str, shape: MachineShape) -> tuple[Slot, Path]:
+        if name in self._machines:
+            raise RuntimeError_(f"a VM named {name} already exists")
+        slot = await self.slots.acquire()
+        workdir = self.cfg.sandboxes_dir / name
+        try:
+            if workdir.exists():
+                shutil.rmtree(workdir)
+            workdir.mkdir(mode=0o700)
+            os.chown(workdir, slot.tap_uid, slot.tap_uid)
+        except BaseException:
+            await self.slots.release(slot)
+            raise
+        return slot, workdir
+
+    def _spec(self, slot: Slot, workdir: Path, shape: MachineShape, kernel: Path, tools: Path,
+              cmdline: str) -> VmSpec:
+        return VmSpec(
+            shape=shape, workdir=workdir, kernel=kernel, cmdline=cmdline,
+            drives=[Drive(tools, read_only=True), Drive(workdir / "disk", read_only=False)],
+            net=slot.net_attachment(), uid=slot.tap_uid,
+        )
+
+    def _own(self, path: Path, uid: int) -> None:
+        os.chown(path, uid, uid)
+        path.chmod(0o600)
+
+    async def cold_boot(self, name: str, shape: MachineShape, kernel: Path, tools: Path,
+                        rootfs: Path, cmdline: str) -> Machine:
+        """Boot a VM from a kernel and a rootfs image (template builds only)."""
+        slot, workdir = await self._prepare(name, shape)
+        spec = self._spec(slot, workdir, shape, kernel, tools, cmdline)
+        try:
+            await asyncio.to_thread(clone, rootfs, workdir / "disk")
+            with open(spec.memory_file, "wb") as f:
+                f.truncate(shape.memory_mib << 20)
+            for f in (workdir / "disk", spec.memory_file):
+                self._own(f, slot.tap_uid)
+            vm = await self.driver.spawn(spec, incoming=False)
+        except BaseException:
+            await self._release(slot, workdir)
+            raise
+        m = Machine(name, vm, slot, workdir)
+        self._machines[name] = m
+        try:
+            await vm.boot()
+            await self.wait_agent(m, AGENT_BOOT_TIMEOUT)
+        except BaseException:
+            await self.destroy(name)
+            raise
+        return m
+
+    async def restore(self, name: str, snapshot_id: str) -> Machine:
+        try:
+            man = self.snapshots.get(snapshot_id)
+        except (SnapshotNotFound, SnapshotCorrupt) as e:
+            raise TemplateNotFound(f"snapshot {snapshot_id} is not usable: {e}") from e
+        slot, workdir = await self._prepare(name, man.shape)
+        spec = self._spec(slot, workdir, man.shape, Path(man.kernel), Path(man.tools),
+                          man.cmdline)
+        t0 = time.perf_counter()
+        try:
+            for f in ("memory", "disk"):
+                clone(self.snapshots.file(snapshot_id, f), workdir / f)
+                self._own(workdir / f, slot.tap_uid)
+            t1 = time.perf_counter()
+            vm = await self.driver.spawn(spec, incoming=True)
+        except BaseException:
+            await self._release(slot, workdir)
+            raise
+        m = Machine(name, vm, slot, workdir)
+        self._machines[name] = m
+        try:
+            t2 = time.perf_counter()
+            await vm.restore(self.snapshots.file(snapshot_id, "state"))
+            await vm.resume()
+            t3 = time.perf_counter()
+        except BaseException:
+            await self.destroy(name)
+            raise
+        log.debug("restore %s: clone=%.1fms spawn=%.1fms load+cont=%.1fms", name,
+                  (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        return m
+
+    async def snapshot(self, name: str, manifest: Manifest) -> None:
+        """Save a (running) machine into the snapshot repository; the VM ends paused."""
+        m = self._machines[name]
+        await m.vm.pause()
+        state = m.workdir / "state"
+        await m.vm.save(state)
+        for f in ("memory", "disk"):
+            await asyncio.to_thread(fsync_path, m.workdir / f)
+        await asyncio.to_thread(
+            self.snapshots.put, manifest,
+            {"state": state, "memory": m.workdir / "memory", "disk": m.workdir / "disk"},
+        )
+
+    async def wait_agent(self, m: Machine, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = m.slot.url(AGENT_PORT) + "/health"
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if m.name not in self._machines:
+                raise BootError(f"{m.name} was destroyed while booting")
+            try:
+                r = await self._http.get(url, timeout=1.0)
+                if r.status_code == 204:
+                    return
+            except httpx.HTTPError as e:
+                last = e
+            await asyncio.sleep(0.05)
+        tail = (m.workdir / "console.log").read_text(errors="replace")[-1500:]
+        raise BootError(f"agent did not answer within {timeout:.0f}s ({last}); console:\n{tail}")
+
+    async def push_init(self, m: Machine, init: AgentInit) -> None:
+        """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
+        guest must answer its first request (fixed MACs make any slot look the same)."""
+        body: dict[str, object] = {
+            "envVars": init.env_vars,
+            "defaultUser": init.default_user,
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+            + f".{time.time_ns() % 1_000_000_000:09d}Z",
+            "aenvEntropy": base64.b64encode(secrets.token_bytes(64)).decode(),
+        }
+        if init.access_token:
+            body["accessToken"] = init.access_token
+        if init.default_workdir:
+            body["defaultWorkdir"] = init.default_workdir
+        try:
+            r = await self._http.post(m.slot.url(AGENT_PORT) + "/init", json=body)
+        except httpx.HTTPError as e:
+            raise BootError(f"agent /init failed: {e!r}") from e
+        if r.status_code >= 300:
+            raise BootError(f"agent /init answered {r.status_code}: {r.text[:200]}")
+
+    async def destroy(self, name: str) -> None:
+        m = self._machines.pop(name, None)
+        if m is not None:
+            await self._destroy(m)
+
+    async def _destroy(self, m: Machine) -> None:
+        with contextlib.suppress(Exception):
+            await m.vm.kill()
+        await self._release(m.slot, m.workdir)
+
+    async def _release(self, slot: Slot, workdir: Path) -> None:
+        await asyncio.to_thread(shutil.rmtree, workdir, True)
+        await self.slots.release(slot)
+
+    # -- the sandbox API the orchestrator uses ------------------------------------------
+    async def create(self, sandbox_id: str, template: str, init: AgentInit,
+                     shape: MachineShape | None = None) -> SandboxHandle:
+        info = self._template_info(template)
+        if shape is not None and shape != info.shape:
+            raise RuntimeError_(
+                f"template {template} is built for {info.shape}; other shapes need a build")
+        if len(self._machines) >= self.cfg.max_sandboxes:
+            raise CapacityExceeded("node is at its sandbox limit")
+        try:
+            m = await self.restore(sandbox_id, info.build_id)
+            await self.push_init(m, init)
+        except VmmError as e:
+            await self.destroy(sandbox_id)
+            raise BootError(str(e)) from e
+        except BaseException:
+            await self.destroy(sandbox_id)
+            raise
+        return self.handle(sandbox_id, info.template_id)
+
+    def handle(self, name: str, template_id: str) -> SandboxHandle:
+        m = self._machines[name]
+        return SandboxHandle(
+            sandbox_id=name, template_id=template_id, shape=m.vm.spec.shape,
+            slot_addr=m.slot.slot_addr, vmm_pid=m.vm.pid,
+        )
+
+    async def kill(self, handle: SandboxHandle) -> None:
+        await self.destroy(handle.sandbox_id)
+
+    async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]:
+        r = await self._http.get(handle.url() + "/metrics", timeout=2.0)
+        r.raise_for_status()
+        data = r.json()
+        if not isinstance(data, dict) or len(r.content) > 65536:
+            raise RuntimeError_("agent sent malformed metrics")
+        return data
+
+    def machines(self) -> dict[str, Machine]:
+        return dict(self._machines)

@@ -1,0 +1,115 @@
+"""Root filesystem recipes for templates: Debian via debootstrap, and busybox-only.
+
+A recipe fills a directory; `make_ext4` turns a directory into a raw ext4 disk image.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_PACKAGES = (
+    "bash", "coreutils", "python3", "sudo", "curl", "git", "ca-certificates", "procps",
+    "iproute2",
+)
+USER_NAME, USER_UID = "user", 1000
+BUSYBOX = Path("/bin/busybox")
+
+
+class RootfsError(Exception):
+    pass
+
+
+def run(argv: list[str], log_file: Path | None = None) -> None:
+    """Run a build step; its output goes to log_file, its tail into the error."""
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        r = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        if log_file:
+            out.close()  # type: ignore[union-attr]
+    if r.returncode != 0:
+        tail = log_file.read_text(errors="replace")[-2000:] if log_file else ""
+        raise RootfsError(f"{argv[0]} failed (exit {r.returncode}): {tail.strip()[-600:]}")
+
+
+def debian(root: Path, log_file: Path, log: Callable[[str], None]) -> None:
+    log(f"debootstrap {DEBIAN_SUITE} (minbase) into {root}")
+    run(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
+         DEBIAN_SUITE, str(root), DEBIAN_MIRROR],
+        log_file,
+    )
+    _add_user(root)
+    # apt caches and lists are dead weight in every clone.
+    for d in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for p in (root / d).glob("*"):
+            if p.is_file():
+                p.unlink()
+
+
+def busybox(root: Path, log_file: Path, log: Callable[[str], None]) -> None:
+    """A rootfs with nothing but a static busybox: proves the agent brings its own runtime."""
+    log(f"busybox rootfs into {root}")
+    if not BUSYBOX.exists():
+        raise RootfsError("busybox-static is not installed (/bin/busybox missing)")
+    for d in ("bin", "sbin", "etc", "tmp", "root", "home", "proc", "sys", "dev", "run"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    shutil.copy2(BUSYBOX, root / "bin/busybox")
+    names = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True).stdout
+    for name in names.split():
+        link = root / "bin" / name
+        if not link.exists():
+            link.symlink_to("busybox")
+    # The E2B SDK runs every command as `/bin/bash -l -c CMD`; ash understands that.
+    if not (root / "bin/bash").exists():
+        (root / "bin/bash").symlink_to("busybox")
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc/group").write_text("root:x:0:\n")
+    _add_user(root)
+
+
+def _add_user(root: Path) -> None:
+    """User `user` (uid 1000, home /home/user, passwordless sudo), written directly so the
+    recipe works in any rootfs without running its tools."""
+    passwd, group = root / "etc/passwd", root / "etc/group"
+    shell = "/bin/bash" if (root / "bin/bash").exists() else "/bin/sh"
+    if f"\n{USER_NAME}:" not in "\n" + passwd.read_text():
+        with passwd.open("a") as f:
+            f.write(f"{USER_NAME}:x:{USER_UID}:{USER_UID}::/home/{USER_NAME}:{shell}\n")
+        with group.open("a") as f:
+            f.write(f"{USER_NAME}:x:{USER_UID}:\n")
+        shadow = root / "etc/shadow"
+        if shadow.exists():
+            with shadow.open("a") as f:
+                f.write(f"{USER_NAME}:*:19000:0:99999:7:::\n")
+    home = root / "home" / USER_NAME
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.chown(home, USER_UID, USER_UID)
+    home.chmod(0o755)
+    if (root / "etc/sudoers.d").is_dir():
+        f = root / "etc/sudoers.d/aenv-user"
+        f.write_text(f"{USER_NAME} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+        f.chmod(0o440)
+
+
+RECIPES: dict[str, Callable[[Path, Path, Callable[[str], None]], None]] = {
+    "debian": debian,
+    "busybox": busybox,
+}
+
+
+def make_ext4(root: Path, image: Path, size_mib: int, log_file: Path) -> None:
+    """A sparse raw ext4 image of size_mib holding root's tree (mkfs.ext4 -d, no mount)."""
+    with open(image, "wb") as f:
+        f.truncate(size_mib << 20)
+    run(
+        ["mkfs.ext4", "-q", "-F", "-L", "rootfs", "-E", "root_owner=0:0",
+         "-O", "^has_journal" if size_mib < 64 else "has_journal", "-d", str(root), str(image)],
+        log_file,
+    )

@@ -1,0 +1,88 @@
+"""The one launcher every VMM process goes through (Firecracker-jailer style).
+
+Under TCG, QEMU is not a security boundary, so aenv confines the QEMU process itself:
+- its own numeric uid/gid from a reserved range (no /etc/passwd entry needed),
+- its own mount, pid, ipc and uts namespaces (a fresh /proc shows only itself),
+- the slot's network namespace (only the tap it serves is there),
+- no capabilities (bounding and inheritable sets cleared, no_new_privs),
+- a cgroup with memory, pids and cpu limits,
+- and QEMU's own seccomp filter (`-sandbox on`, added by the driver).
+Per-VM files are 0600 and owned by the jail uid; shared artifacts stay root-owned and
+read-only, so a jail cannot open another VM's files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aenv.vmm.cgroup import Cgroup, Limits
+
+
+@dataclass(frozen=True)
+class JailSpec:
+    name: str  # unique per VMM process; names its cgroup
+    uid: int
+    limits: Limits
+    netns_path: Path | None
+    log_file: Path
+
+
+def command(spec: JailSpec, argv: list[str]) -> list[str]:
+    jail = [
+        "unshare", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
+        "--mount-proc", "--",
+        "setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+        *argv,
+    ]
+    if spec.netns_path is not None:
+        jail = ["nsenter", f"--net={spec.netns_path}", "--", *jail]
+    return jail
+
+
+@dataclass
+class Jailed:
+    """A running jailed process: `proc` is the launcher (unshare); the VMM is its child."""
+
+    proc: asyncio.subprocess.Process
+    cgroup: Cgroup
+
+    def vmm_pid(self) -> int | None:
+        """Host pid of the VMM (the jail's pid 1), or None if it is not there."""
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except FileNotFoundError:
+            return None
+        pids = children.split()
+        return int(pids[0]) if pids else None
+
+    async def kill(self) -> None:
+        self.cgroup.kill()
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        await asyncio.to_thread(self.cgroup.remove)
+
+
+async def spawn(spec: JailSpec, argv: list[str]) -> Jailed:
+    cgroup = Cgroup(spec.name)
+    cgroup.create(spec.limits)
+    log_fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *command(spec, argv),
+            stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            preexec_fn=cgroup.enter_self,  # the whole jail, launcher included, is limited
+            start_new_session=True,  # a ^C to the node must not reach its VMs
+        )
+    except BaseException:
+        cgroup.remove()
+        raise
+    finally:
+        os.close(log_fd)
+    return Jailed(proc, cgroup)

@@ -1,0 +1,277 @@
+"""QEMU driver: `-M microvm` over QMP, every process started through the jail.
+
+RAM is a `memory-backend-file,share=on` in the VM's directory on the reflink data
+filesystem and migration runs with `x-ignore-shared`, so save writes device state only
+(~100 KB) and restore maps the (cloned) RAM file: both cost milliseconds.
+Device state moves over a file descriptor passed on the QMP socket (`getfd` + `fd:`), so
+QEMU never needs to open or spawn anything for it (`-sandbox spawn=deny`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from qemu.qmp import QMPClient
+
+from aenv.vmm import jail
+from aenv.vmm.base import Accel, Capabilities, Driver, Vm, VmmError, VmSpec
+from aenv.vmm.cgroup import Limits
+
+log = logging.getLogger(__name__)
+
+SANDBOX_OPTS = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+QMP_TIMEOUT = 10.0
+KVM_PROBE_DEADLINE = 5.0
+
+
+def host_tsc_khz() -> int:
+    """Guests under TCG must be told the TSC rate: microvm has no PIT/HPET to calibrate it
+    and 2 of 15 boots hung without it (architecture.md §7)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("cpu MHz"):
+            return int(float(line.split(":")[1]) * 1000)
+    return 2_000_000
+
+
+class QemuVm(Vm):
+    def __init__(self, spec: VmSpec, jailed: jail.Jailed, qmp: QMPClient) -> None:
+        self.spec = spec
+        self._jailed = jailed
+        self._qmp = qmp
+
+    @property
+    def pid(self) -> int:
+        return self._jailed.vmm_pid() or self._jailed.proc.pid
+
+    @property
+    def launcher_pid(self) -> int:
+        return self._jailed.proc.pid
+
+    async def _cmd(self, cmd: str, args: dict[str, object] | None = None) -> object:
+        try:
+            return await asyncio.wait_for(self._qmp.execute(cmd, args), QMP_TIMEOUT)
+        except Exception as e:
+            raise VmmError(f"QMP {cmd} failed: {e}") from e
+
+    async def boot(self) -> None:
+        await self._cmd("cont")
+
+    async def pause(self) -> None:
+        await self._cmd("stop")
+
+    async def resume(self) -> None:
+        await self._cmd("cont")
+
+    async def _pass_fd(self, name: str, fd: int) -> None:
+        self._qmp.send_fd_scm(fd)
+        await self._cmd("getfd", {"fdname": name})
+
+    async def _ignore_shared(self) -> None:
+        await self._cmd(
+            "migrate-set-capabilities",
+            {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
+        )
+
+    async def save(self, state_file: Path) -> None:
+        await self._ignore_shared()
+        fd = os.open(state_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            await self._pass_fd("state", fd)
+        finally:
+            os.close(fd)
+        await self._cmd("migrate", {"uri": "fd:state"})
+        while True:
+            info = await self._cmd("query-migrate")
+            status = info.get("status") if isinstance(info, dict) else None
+            if status == "completed":
+                return
+            if status in ("failed", "cancelled"):
+                raise VmmError(f"saving device state failed: {info.get('error-desc', status)}")
+            await asyncio.sleep(0.001)
+
+    async def restore(self, state_file: Path) -> None:
+        await self._ignore_shared()
+        fd = os.open(state_file, os.O_RDONLY)
+        try:
+            await self._pass_fd("state", fd)
+        finally:
+            os.close(fd)
+        await self._cmd("migrate-incoming", {"uri": "fd:state"})
+        while True:
+            if self._jailed.proc.returncode is not None:
+                raise VmmError(f"QEMU exited during restore: {self.log_tail()}")
+            st = await self._cmd("query-status")
+            if isinstance(st, dict) and st.get("status") != "inmigrate":
+                return
+            await asyncio.sleep(0.001)
+
+    async def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._qmp.disconnect()
+        await self._jailed.kill()
+
+    async def wait(self) -> int:
+        return await self._jailed.proc.wait()
+
+    def log_tail(self, n: int = 800) -> str:
+        try:
+            return (self.spec.workdir / "qemu.log").read_text(errors="replace")[-n:].strip()
+        except FileNotFoundError:
+            return ""
+
+
+class QemuDriver(Driver):
+    name = "qemu"
+
+    def __init__(self, binary: str = "qemu-system-x86_64", accel: str = "auto",
+                 probe_kernel: Path | None = None, cache_dir: Path | None = None,
+                 memory_overhead_mib: int = 384, pids_max: int = 256) -> None:
+        self.binary = binary
+        self.requested_accel = accel
+        self.probe_kernel = probe_kernel
+        self.cache_dir = cache_dir
+        self.memory_overhead_mib = memory_overhead_mib
+        self.pids_max = pids_max
+        self._accel: Accel | None = None
+
+    def check(self) -> None:
+        if shutil.which(self.binary) is None:
+            raise VmmError(f"{self.binary} not found: install Debian package qemu-system-x86")
+        for tool in ("unshare", "setpriv", "nsenter"):
+            if shutil.which(tool) is None:
+                raise VmmError(f"{tool} not found: install util-linux")
+        self.accel()
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(accel=self.accel())
+
+    def accel(self) -> Accel:
+        if self._accel is None:
+            self._accel = self._detect_accel()
+        return self._accel
+
+    def _detect_accel(self) -> Accel:
+        if self.requested_accel == "tcg":
+            return Accel.TCG
+        if not os.path.exists("/dev/kvm"):
+            if self.requested_accel == "kvm":
+                raise VmmError("accel=kvm was forced but /dev/kvm does not exist")
+            log.info("no /dev/kvm: using TCG (software emulation)")
+            return Accel.TCG
+        if self._kvm_boots():
+            return Accel.KVM
+        if self.requested_accel == "kvm":
+            raise VmmError("accel=kvm was forced but a guest does not boot under KVM here")
+        log.info("KVM present but a guest did not boot under it: using TCG")
+        return Accel.TCG
+
+    def _kvm_boots(self) -> bool:
+        """Boot the guest kernel under KVM with no root disk: a usable KVM reaches the
+        kernel's 'VFS: Unable to mount root' panic well inside the deadline. The answer is
+        cached per host kernel + guest kernel."""
+        if self.probe_kernel is None or not self.probe_kernel.exists():
+            return False
+        st = self.probe_kernel.stat()
+        key = f"{os.uname().release}:{socket.gethostname()}:{st.st_size}:{st.st_mtime_ns}"
+        cache = self.cache_dir / "kvm-probe.json" if self.cache_dir else None
+        if cache and cache.exists():
+            data = json.loads(cache.read_text())
+            if data.get("key") == key:
+                return bool(data["ok"])
+        argv = [self.binary, "-M", "microvm,accel=kvm", "-cpu", "host", "-m", "128",
+                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                "-serial", "stdio", "-kernel", str(self.probe_kernel),
+                "-append", "console=ttyS0 panic=-1 reboot=t"]
+        ok = False
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=KVM_PROBE_DEADLINE)
+            ok = "Unable to mount root" in r.stdout or "Kernel panic" in r.stdout
+        except subprocess.TimeoutExpired:
+            ok = False
+        log.info("KVM boot probe: %s in %.1fs", "ok" if ok else "failed", time.monotonic() - t0)
+        if cache:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"key": key, "ok": ok}))
+        return ok
+
+    def argv(self, spec: VmSpec, *, incoming: bool) -> list[str]:
+        accel = self.accel()
+        mem = spec.shape.memory_mib
+        a = [
+            self.binary,
+            "-M", f"microvm,accel={accel.value},memory-backend=ram",
+            "-cpu", "host" if accel is Accel.KVM else "max",
+            "-smp", str(spec.shape.vcpus),
+            "-m", f"{mem}M",
+            "-object",
+            f"memory-backend-file,id=ram,size={mem}M,mem-path={spec.memory_file},share=on",
+            "-nodefaults", "-no-user-config", "-display", "none",
+            "-kernel", str(spec.kernel), "-append", spec.cmdline,
+            "-serial", f"file:{spec.workdir / 'console.log'}",
+            "-qmp", f"unix:{spec.workdir / 'qmp.sock'},server=on,wait=off",
+            "-object", "rng-random,id=rng0,filename=/dev/urandom",
+            "-device", "virtio-rng-device,rng=rng0",
+            "-device", "virtio-balloon-device,free-page-reporting=on",
+            "-sandbox", SANDBOX_OPTS,
+            "-S",
+        ]
+        if accel is Accel.TCG:
+            # A smaller translation cache keeps QEMU's own RSS down.
+            a += ["-accel", "tcg,tb-size=64"]
+        for i, d in enumerate(spec.drives):
+            opts = f"id=d{i},file={d.path},format=raw,if=none,werror=report,rerror=report"
+            opts += ",readonly=on" if d.read_only else ",discard=unmap"
+            a += ["-drive", opts, "-device", f"virtio-blk-device,drive=d{i}"]
+        if spec.net is not None:
+            a += ["-netdev", f"tap,id=n0,ifname={spec.net.tap},script=no,downscript=no",
+                  "-device", f"virtio-net-device,netdev=n0,mac={spec.net.mac}"]
+        if incoming:
+            a += ["-incoming", "defer"]
+        return a
+
+    async def spawn(self, spec: VmSpec, *, incoming: bool) -> Vm:
+        mem_bytes = (spec.shape.memory_mib + self.memory_overhead_mib) << 20
+        jspec = jail.JailSpec(
+            name=spec.workdir.name,
+            uid=spec.uid,
+            limits=Limits(memory_bytes=mem_bytes, pids=self.pids_max,
+                          cpus=float(spec.shape.vcpus)),
+            netns_path=spec.net.netns_path if spec.net else None,
+            log_file=spec.workdir / "qemu.log",
+        )
+        qmp_path = spec.workdir / "qmp.sock"
+        qmp_path.unlink(missing_ok=True)
+        jailed = await jail.spawn(jspec, self.argv(spec, incoming=incoming))
+        try:
+            qmp = await self._connect(jailed, qmp_path, spec)
+        except BaseException:
+            await jailed.kill()
+            raise
+        return QemuVm(spec, jailed, qmp)
+
+    async def _connect(self, jailed: jail.Jailed, path: Path, spec: VmSpec) -> QMPClient:
+        deadline = time.monotonic() + QMP_TIMEOUT
+        qmp = QMPClient(spec.workdir.name)
+        while True:
+            if jailed.proc.returncode is not None:
+                tail = (spec.workdir / "qemu.log").read_text(errors="replace")[-800:].strip()
+                raise VmmError(f"QEMU exited at start (status {jailed.proc.returncode}): {tail}")
+            if path.exists():
+                try:
+                    await qmp.connect(str(path))
+                    return qmp
+                except Exception:
+                    pass
+            if time.monotonic() > deadline:
+                raise VmmError("QEMU did not open its QMP socket in time")
+            await asyncio.sleep(0.002)
