@@ -10,10 +10,7 @@ run: setup
 	$(AENV) server
 
 test: setup
-	$(MAKE) lint
-	$(MAKE) unit
-	$(MAKE) integration
-	$(MAKE) e2e
+	bash scripts/test.sh
 
 setup: host-deps venv artifacts
 

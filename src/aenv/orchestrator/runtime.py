@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from aenv.config import Config, MachineShape
+from aenv.network import pool as slot_pool
 from aenv.network.addressing import guest_ip_cmdline
 from aenv.network.pool import SlotPool
 from aenv.network.slot import Slot
@@ -36,6 +37,7 @@ from aenv.orchestrator.runtime_api import (
 )
 from aenv.storage import datafs
 from aenv.storage.files import clone, fsync_path
+from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.snapshots import Manifest, SnapshotCorrupt, SnapshotNotFound, SnapshotStore
 from aenv.storage.templates import TemplateCatalog, TemplateMissing
 from aenv.vmm.base import Drive, Vm, VmmError, VmSpec
@@ -84,6 +86,7 @@ class Runtime:
         self.slots = SlotPool(
             uid_for_index=lambda i: cfg.jail_uid_base + i,
             max_slots=min(cfg.max_slots, cfg.jail_uid_count),
+            network=cfg.slot_network,
         )
         self._machines: dict[str, Machine] = {}
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(AGENT_INIT_TIMEOUT, connect=1.0))
@@ -95,6 +98,10 @@ class Runtime:
             d.mkdir(parents=True, exist_ok=True)
         self.cfg.sandboxes_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.cfg.sandboxes_dir.chmod(0o711)
+        if self.driver.probe_kernel is None:
+            # The KVM boot probe needs a guest kernel: the one set-up built, if any.
+            built = self.cfg.artifacts_dir / "kernel" / kernel_cache_key() / "bzImage"
+            self.driver.probe_kernel = built if built.exists() else None
         await asyncio.to_thread(self.driver.check)
         self.snapshots.gc_staging()
         log.info("runtime ready: driver=%s accel=%s", self.driver.name, self.driver.accel())
@@ -102,7 +109,7 @@ class Runtime:
     async def close(self) -> None:
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
         self._machines.clear()
-        await self.slots.close()
+        await self.slots.close_async()
         await self._http.aclose()
 
     async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
@@ -118,7 +125,8 @@ class Runtime:
                 if p.name not in keep and p.name not in self._machines:
                     shutil.rmtree(p, ignore_errors=True)
                     reclaimed.append(f"dir:{p.name}")
-        reclaimed += await self.slots.reclaim_orphans()
+        reclaimed += await asyncio.to_thread(
+            slot_pool.reclaim_orphans, self.slots.prefix, self.slots.owned())
         return reclaimed
 
     def accel(self) -> str:
@@ -146,7 +154,7 @@ class Runtime:
     async def _prepare(self, name: str, shape: MachineShape) -> tuple[Slot, Path]:
         if name in self._machines:
             raise RuntimeError_(f"a VM named {name} already exists")
-        slot = await self.slots.acquire()
+        slot = await self.slots.acquire_async()
         workdir = self.cfg.sandboxes_dir / name
         try:
             if workdir.exists():
@@ -154,7 +162,7 @@ class Runtime:
             workdir.mkdir(mode=0o700)
             os.chown(workdir, slot.tap_uid, slot.tap_uid)
         except BaseException:
-            await self.slots.release(slot)
+            await self.slots.release_async(slot)
             raise
         return slot, workdir
 
@@ -290,7 +298,7 @@ class Runtime:
 
     async def _release(self, slot: Slot, workdir: Path) -> None:
         await asyncio.to_thread(shutil.rmtree, workdir, True)
-        await self.slots.release(slot)
+        await self.slots.release_async(slot)
 
     # -- the sandbox API the orchestrator uses ------------------------------------------
     async def create(self, sandbox_id: str, template: str, init: AgentInit,
