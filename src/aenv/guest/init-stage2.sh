@@ -17,7 +17,8 @@ $bb ip link set lo up
 # The agent runs on the tools drive's own Python, through its own dynamic loader, so it
 # works whatever libc (if any) the user image has.
 agent() {
-  PYTHONHOME=/.aenv/python PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 \
+  PYTHONHOME=/.aenv/python PYTHONPATH=/.aenv/python/lib/python3.11/site-packages \
+  PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 \
     /.aenv/lib/ld-linux-x86-64.so.2 --library-path /.aenv/lib \
     /.aenv/python/bin/python3 -s -m aenv.guest.agent
 }

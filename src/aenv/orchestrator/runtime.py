@@ -16,7 +16,7 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -38,7 +38,13 @@ from aenv.orchestrator.runtime_api import (
 from aenv.storage import datafs
 from aenv.storage.files import clone, fsync_path
 from aenv.storage.kernel import kernel_cache_key
-from aenv.storage.snapshots import Manifest, SnapshotCorrupt, SnapshotNotFound, SnapshotStore
+from aenv.storage.snapshots import (
+    Manifest,
+    SnapshotCorrupt,
+    SnapshotNotFound,
+    SnapshotStore,
+    now_rfc3339,
+)
 from aenv.storage.templates import TemplateCatalog, TemplateMissing
 from aenv.vmm.base import Drive, Vm, VmmError, VmSpec
 from aenv.vmm.cgroup import Cgroup, list_groups
@@ -71,6 +77,10 @@ class Machine:
     vm: Vm
     slot: Slot
     workdir: Path
+    # Connections to the agent live and die with this VM: a slot address is reused by the
+    # next VM, and a kept-alive connection to the previous guest would hang.
+    http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(
+        timeout=httpx.Timeout(AGENT_INIT_TIMEOUT, connect=1.0)))
 
 
 class Runtime:
@@ -89,7 +99,6 @@ class Runtime:
             network=cfg.slot_network,
         )
         self._machines: dict[str, Machine] = {}
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(AGENT_INIT_TIMEOUT, connect=1.0))
 
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
@@ -110,7 +119,6 @@ class Runtime:
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
         self._machines.clear()
         await self.slots.close_async()
-        await self._http.aclose()
 
     async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         """Reclaim what an earlier node process left behind: jails (cgroups and their
@@ -256,7 +264,7 @@ class Runtime:
             if m.name not in self._machines:
                 raise BootError(f"{m.name} was destroyed while booting")
             try:
-                r = await self._http.get(url, timeout=1.0)
+                r = await m.http.get(url, timeout=1.0)
                 if r.status_code == 204:
                     return
             except httpx.HTTPError as e:
@@ -271,8 +279,7 @@ class Runtime:
         body: dict[str, object] = {
             "envVars": init.env_vars,
             "defaultUser": init.default_user,
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-            + f".{time.time_ns() % 1_000_000_000:09d}Z",
+            "timestamp": now_rfc3339(),
             "aenvEntropy": base64.b64encode(secrets.token_bytes(64)).decode(),
         }
         if init.access_token:
@@ -280,7 +287,7 @@ class Runtime:
         if init.default_workdir:
             body["defaultWorkdir"] = init.default_workdir
         try:
-            r = await self._http.post(m.slot.url(AGENT_PORT) + "/init", json=body)
+            r = await m.http.post(m.slot.url(AGENT_PORT) + "/init", json=body)
         except httpx.HTTPError as e:
             raise BootError(f"agent /init failed: {e!r}") from e
         if r.status_code >= 300:
@@ -292,6 +299,7 @@ class Runtime:
             await self._destroy(m)
 
     async def _destroy(self, m: Machine) -> None:
+        await m.http.aclose()
         with contextlib.suppress(Exception):
             await m.vm.kill()
         await self._release(m.slot, m.workdir)
@@ -331,7 +339,10 @@ class Runtime:
         await self.destroy(handle.sandbox_id)
 
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]:
-        r = await self._http.get(handle.url() + "/metrics", timeout=2.0)
+        m = self._machines.get(handle.sandbox_id)
+        if m is None:
+            raise RuntimeError_(f"sandbox {handle.sandbox_id} is not running")
+        r = await m.http.get(handle.url() + "/metrics", timeout=2.0)
         r.raise_for_status()
         data = r.json()
         if not isinstance(data, dict) or len(r.content) > 65536:

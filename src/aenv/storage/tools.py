@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import compileall
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -49,6 +50,17 @@ def _package_dirs(names: Iterable[str]) -> list[Path]:
     return out
 
 
+def _dist_infos(names: Iterable[str]) -> set[Path]:
+    by_module = importlib.metadata.packages_distributions()
+    out = set()
+    for name in names:
+        for dist_name in by_module.get(name, []):
+            path = getattr(importlib.metadata.distribution(dist_name), "_path", None)
+            if path is not None:
+                out.add(Path(path))
+    return out
+
+
 def _guest_dir() -> Path:
     return Path(aenv.guest.__file__).parent
 
@@ -66,7 +78,7 @@ def _hash_inputs() -> str:
     for p in (GUEST_PYTHON, BUSYBOX):
         st = p.stat()
         h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
-    h.update(b"v1")
+    h.update(b"v2")
     return h.hexdigest()[:16]
 
 
@@ -109,6 +121,9 @@ def _stage(root: Path) -> None:
             shutil.copytree(src, site / src.name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, site / src.name)
+    # Packages may read their own metadata (importlib.metadata.version) at import time.
+    for dist_info in _dist_infos(_runtime_packages()):
+        shutil.copytree(dist_info, site / dist_info.name, dirs_exist_ok=True)
 
     sos = [GUEST_PYTHON, *py.rglob("*.so")]
     lib = root / "lib"

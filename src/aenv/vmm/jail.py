@@ -3,7 +3,7 @@
 Under TCG, QEMU is not a security boundary, so aenv confines the QEMU process itself:
 - its own numeric uid/gid from a reserved range (no /etc/passwd entry needed),
 - its own mount, pid, ipc and uts namespaces (a fresh /proc shows only itself),
-- the slot's network namespace (only the tap it serves is there),
+- an empty network namespace: its only link to the world is the tap fd it inherits,
 - no capabilities (bounding and inheritable sets cleared, no_new_privs),
 - a cgroup with memory, pids and cpu limits,
 - and QEMU's own seccomp filter (`-sandbox on`, added by the driver).
@@ -27,21 +27,19 @@ class JailSpec:
     name: str  # unique per VMM process; names its cgroup
     uid: int
     limits: Limits
-    netns_path: Path | None
     log_file: Path
+    pass_fds: tuple[int, ...] = ()
 
 
 def command(spec: JailSpec, argv: list[str]) -> list[str]:
-    jail = [
-        "unshare", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
+    # --net: an empty network namespace; the VMM gets its tap as an inherited fd.
+    return [
+        "unshare", "--mount", "--pid", "--ipc", "--uts", "--net", "--fork", "--kill-child",
         "--mount-proc", "--",
         "setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups",
         "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
         *argv,
     ]
-    if spec.netns_path is not None:
-        jail = ["nsenter", f"--net={spec.netns_path}", "--", *jail]
-    return jail
 
 
 @dataclass
@@ -77,6 +75,7 @@ async def spawn(spec: JailSpec, argv: list[str]) -> Jailed:
         proc = await asyncio.create_subprocess_exec(
             *command(spec, argv),
             stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            pass_fds=spec.pass_fds,
             preexec_fn=cgroup.enter_self,  # the whole jail, launcher included, is limited
             start_new_session=True,  # a ^C to the node must not reach its VMs
         )

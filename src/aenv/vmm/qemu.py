@@ -22,6 +22,8 @@ from pathlib import Path
 
 from qemu.qmp import QMPClient
 
+from aenv.network.netns import run_in_netns
+from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, open_tap
 from aenv.vmm import jail
 from aenv.vmm.base import Accel, Capabilities, Driver, Vm, VmmError, VmSpec
 from aenv.vmm.cgroup import Limits
@@ -204,12 +206,12 @@ class QemuDriver(Driver):
             cache.write_text(json.dumps({"key": key, "ok": ok}))
         return ok
 
-    def argv(self, spec: VmSpec, *, incoming: bool) -> list[str]:
+    def argv(self, spec: VmSpec, *, incoming: bool, tap_fd: int | None = None) -> list[str]:
         accel = self.accel()
         mem = spec.shape.memory_mib
         a = [
             self.binary,
-            "-M", f"microvm,accel={accel.value},memory-backend=ram",
+            "-M", "microvm,memory-backend=ram",
             "-cpu", "host" if accel is Accel.KVM else "max",
             "-smp", str(spec.shape.vcpus),
             "-m", f"{mem}M",
@@ -225,15 +227,14 @@ class QemuDriver(Driver):
             "-sandbox", SANDBOX_OPTS,
             "-S",
         ]
-        if accel is Accel.TCG:
-            # A smaller translation cache keeps QEMU's own RSS down.
-            a += ["-accel", "tcg,tb-size=64"]
+        # A smaller TCG translation cache keeps QEMU's own RSS down.
+        a += ["-accel", "tcg,tb-size=64" if accel is Accel.TCG else "kvm"]
         for i, d in enumerate(spec.drives):
             opts = f"id=d{i},file={d.path},format=raw,if=none,werror=report,rerror=report"
             opts += ",readonly=on" if d.read_only else ",discard=unmap"
             a += ["-drive", opts, "-device", f"virtio-blk-device,drive=d{i}"]
-        if spec.net is not None:
-            a += ["-netdev", f"tap,id=n0,ifname={spec.net.tap},script=no,downscript=no",
+        if spec.net is not None and tap_fd is not None:
+            a += ["-netdev", f"tap,id=n0,fd={tap_fd},vhost=off",
                   "-device", f"virtio-net-device,netdev=n0,mac={spec.net.mac}"]
         if incoming:
             a += ["-incoming", "defer"]
@@ -241,17 +242,28 @@ class QemuDriver(Driver):
 
     async def spawn(self, spec: VmSpec, *, incoming: bool) -> Vm:
         mem_bytes = (spec.shape.memory_mib + self.memory_overhead_mib) << 20
+        # The tap is opened here, as root inside the slot's namespace, and inherited by
+        # QEMU: the jail needs neither /dev/net/tun nor the slot's namespace.
+        tap_fd = None
+        if spec.net is not None:
+            tap_fd = await asyncio.to_thread(
+                run_in_netns, spec.net.netns_path, open_tap, spec.net.tap,
+                IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
         jspec = jail.JailSpec(
             name=spec.workdir.name,
             uid=spec.uid,
             limits=Limits(memory_bytes=mem_bytes, pids=self.pids_max,
                           cpus=float(spec.shape.vcpus)),
-            netns_path=spec.net.netns_path if spec.net else None,
             log_file=spec.workdir / "qemu.log",
+            pass_fds=(tap_fd,) if tap_fd is not None else (),
         )
         qmp_path = spec.workdir / "qmp.sock"
         qmp_path.unlink(missing_ok=True)
-        jailed = await jail.spawn(jspec, self.argv(spec, incoming=incoming))
+        try:
+            jailed = await jail.spawn(jspec, self.argv(spec, incoming=incoming, tap_fd=tap_fd))
+        finally:
+            if tap_fd is not None:
+                os.close(tap_fd)
         try:
             qmp = await self._connect(jailed, qmp_path, spec)
         except BaseException:
