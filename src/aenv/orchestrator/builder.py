@@ -28,7 +28,8 @@ from aenv.storage.templates import Template, TemplateMissing
 from aenv.storage.tools import ensure_tools
 
 log = logging.getLogger(__name__)
-RECIPE_VERSION = "1"  # bump when a recipe's output changes
+# Bump a recipe's version when its output changes: its cached rootfs images go stale.
+RECIPE_VERSIONS = {"debian": "1", "busybox": "2"}
 
 
 class BuildError(Exception):
@@ -53,7 +54,7 @@ def build_rootfs(cfg: Config, name: str, recipe: str, disk_mib: int,
     """The template's raw ext4 image, cached by recipe (+ source dir) and disk size."""
     if recipe not in rootfs.RECIPES and source is None:
         raise BuildError(f"unknown recipe {recipe!r} (known: {', '.join(rootfs.RECIPES)})")
-    key = hashlib.sha256(f"{recipe}:{RECIPE_VERSION}:{disk_mib}:{source}".encode()).hexdigest()
+    key = hashlib.sha256(f"{recipe}:{RECIPE_VERSIONS.get(recipe)}:{disk_mib}:{source}".encode()).hexdigest()
     image = cfg.templates_dir / name / f"rootfs-{key[:12]}.ext4"
     if image.exists():
         return image

@@ -66,9 +66,13 @@ def busybox(root: Path, log_file: Path, log: Callable[[str], None]) -> None:
         link = root / "bin" / name
         if not link.exists():
             link.symlink_to("busybox")
-    # The E2B SDK runs every command as `/bin/bash -l -c CMD`; ash understands that.
-    if not (root / "bin/bash").exists():
-        (root / "bin/bash").symlink_to("busybox")
+    # The E2B SDK runs every command as `/bin/bash -l -c CMD`; ash understands that, but
+    # busybox has no `bash` applet name, so a one-line script hands over to sh.
+    bash = root / "bin/bash"
+    if bash.is_symlink() or not bash.exists():
+        bash.unlink(missing_ok=True)
+        bash.write_text('#!/bin/sh\nexec /bin/sh "$@"\n')
+        bash.chmod(0o755)
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (root / "etc/group").write_text("root:x:0:\n")
     _add_user(root)

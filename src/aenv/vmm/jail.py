@@ -16,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.vmm.cgroup import Cgroup, Limits
+
+KILL_GRACE = 2.0  # seconds for the launcher to reap a SIGKILLed VMM
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,20 @@ class Jailed:
         return int(pids[0]) if pids else None
 
     async def kill(self) -> None:
-        self.cgroup.kill()
+        """End the VMM first, so the launcher reaps it and exits (killing the launcher
+        first would leave the VMM a zombie for the host's init); then whatever is left."""
         if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+            pid = self.vmm_pid()
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                await asyncio.wait_for(self.proc.wait(), KILL_GRACE)
+            except TimeoutError:
+                self.cgroup.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
         await asyncio.to_thread(self.cgroup.remove)
 
 
