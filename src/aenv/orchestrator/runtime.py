@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -36,7 +37,7 @@ from aenv.orchestrator.runtime_api import (
     TemplateNotFound,
 )
 from aenv.storage import datafs
-from aenv.storage.files import clone, fsync_path
+from aenv.storage.files import clone, fsync_path, write_json_atomic
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.snapshots import (
     Manifest,
@@ -60,6 +61,14 @@ class BootError(RuntimeError_):
     status = 500
 
 
+class ShapeMismatch(RuntimeError_):
+    status = 400
+
+
+class PausedStateMissing(RuntimeError_):
+    status = 409
+
+
 def kernel_cmdline(extra: str = "") -> str:
     parts = [
         "console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4",
@@ -77,6 +86,7 @@ class Machine:
     vm: Vm
     slot: Slot
     workdir: Path
+    template_id: str = ""
     # Connections to the agent live and die with this VM: a slot address is reused by the
     # next VM, and a kept-alive connection to the previous guest would hang.
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(
@@ -159,15 +169,16 @@ class Runtime:
         )
 
     # -- machines ----------------------------------------------------------------------
-    async def _prepare(self, name: str, shape: MachineShape) -> tuple[Slot, Path]:
+    async def _prepare(self, name: str, *, fresh: bool = True) -> tuple[Slot, Path]:
         if name in self._machines:
             raise RuntimeError_(f"a VM named {name} already exists")
         slot = await self.slots.acquire_async()
         workdir = self.cfg.sandboxes_dir / name
         try:
-            if workdir.exists():
-                shutil.rmtree(workdir)
-            workdir.mkdir(mode=0o700)
+            if fresh:
+                if workdir.exists():
+                    shutil.rmtree(workdir)
+                workdir.mkdir(mode=0o700)
             os.chown(workdir, slot.tap_uid, slot.tap_uid)
         except BaseException:
             await self.slots.release_async(slot)
@@ -189,7 +200,7 @@ class Runtime:
     async def cold_boot(self, name: str, shape: MachineShape, kernel: Path, tools: Path,
                         rootfs: Path, cmdline: str) -> Machine:
         """Boot a VM from a kernel and a rootfs image (template builds only)."""
-        slot, workdir = await self._prepare(name, shape)
+        slot, workdir = await self._prepare(name)
         spec = self._spec(slot, workdir, shape, kernel, tools, cmdline)
         try:
             await asyncio.to_thread(clone, rootfs, workdir / "disk")
@@ -201,7 +212,7 @@ class Runtime:
         except BaseException:
             await self._release(slot, workdir)
             raise
-        m = Machine(name, vm, slot, workdir)
+        m = Machine(name, vm, slot, workdir, name)
         self._machines[name] = m
         try:
             await vm.boot()
@@ -211,50 +222,138 @@ class Runtime:
             raise
         return m
 
-    async def restore(self, name: str, snapshot_id: str) -> Machine:
+    def _manifest(self, snapshot_id: str) -> Manifest:
         try:
-            man = self.snapshots.get(snapshot_id)
+            return self.snapshots.get(snapshot_id)
         except (SnapshotNotFound, SnapshotCorrupt) as e:
             raise TemplateNotFound(f"snapshot {snapshot_id} is not usable: {e}") from e
-        slot, workdir = await self._prepare(name, man.shape)
+
+    async def restore(self, name: str, snapshot_id: str | None) -> Machine:
+        """Start a VM from a snapshot's files (cloned into its directory), or, with
+        snapshot_id None, from the state a pause left in the VM's own directory."""
+        man = self.paused_manifest(name) if snapshot_id is None else self._manifest(snapshot_id)
+        slot, workdir = await self._prepare(name, fresh=snapshot_id is not None)
         spec = self._spec(slot, workdir, man.shape, Path(man.kernel), Path(man.tools),
                           man.cmdline)
+        state = workdir / "state" if snapshot_id is None else self.snapshots.file(
+            snapshot_id, "state")
         t0 = time.perf_counter()
         try:
             for f in ("memory", "disk"):
-                clone(self.snapshots.file(snapshot_id, f), workdir / f)
+                if snapshot_id is not None:
+                    clone(self.snapshots.file(snapshot_id, f), workdir / f)
                 self._own(workdir / f, slot.tap_uid)
             t1 = time.perf_counter()
             vm = await self.driver.spawn(spec, incoming=True)
         except BaseException:
-            await self._release(slot, workdir)
+            await self._release(slot, workdir if snapshot_id is not None else None)
             raise
-        m = Machine(name, vm, slot, workdir)
+        m = Machine(name, vm, slot, workdir, man.template)
         self._machines[name] = m
         try:
             t2 = time.perf_counter()
-            await vm.restore(self.snapshots.file(snapshot_id, "state"))
+            await vm.restore(state)
             await vm.resume()
             t3 = time.perf_counter()
         except BaseException:
-            await self.destroy(name)
+            if snapshot_id is None:
+                await self._stop(m)  # keep the paused files: the sandbox stays resumable
+            else:
+                await self.destroy(name)
             raise
         log.debug("restore %s: clone=%.1fms spawn=%.1fms load+cont=%.1fms", name,
                   (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         return m
 
-    async def snapshot(self, name: str, manifest: Manifest) -> None:
-        """Save a (running) machine into the snapshot repository; the VM ends paused."""
-        m = self._machines[name]
-        await m.vm.pause()
-        state = m.workdir / "state"
-        await m.vm.save(state)
-        for f in ("memory", "disk"):
-            await asyncio.to_thread(fsync_path, m.workdir / f)
-        await asyncio.to_thread(
-            self.snapshots.put, manifest,
-            {"state": state, "memory": m.workdir / "memory", "disk": m.workdir / "disk"},
+    def _manifest_of(self, m: Machine, snapshot_id: str, parent: str | None = None,
+                     names: list[str] | None = None) -> Manifest:
+        spec = m.vm.spec
+        return Manifest(
+            snapshot_id=snapshot_id, shape=spec.shape, kernel=str(spec.kernel),
+            tools=str(spec.drives[0].path), cmdline=spec.cmdline, template=m.template_id,
+            parent=parent, names=names or [],
         )
+
+    async def _save(self, m: Machine, state: Path) -> None:
+        """Stop vCPUs and make device state, RAM and disk durable in the VM's files."""
+        await m.vm.pause()
+        await m.vm.save(state)
+        await asyncio.gather(*(asyncio.to_thread(fsync_path, m.workdir / f)
+                               for f in ("memory", "disk", state.name)))
+
+    async def snapshot(self, name: str, manifest: Manifest, *, resume: bool = True) -> None:
+        """Clone a running machine into the snapshot repository. The VM is stopped only
+        while its device state is saved and its files are cloned."""
+        m = self._machines[name]
+        state = m.workdir / "state"
+        try:
+            await self._save(m, state)
+            await asyncio.to_thread(
+                self.snapshots.put, manifest,
+                {"state": state, "memory": m.workdir / "memory", "disk": m.workdir / "disk"},
+            )
+        finally:
+            if resume:
+                await m.vm.resume()
+
+    # -- pause / resume / fork ---------------------------------------------------------
+    async def pause(self, name: str) -> None:
+        """Save the VM into its own directory and end the VMM: a paused sandbox holds no
+        CPU, no RAM (its files' pages become clean cache) and no slot."""
+        m = self._machines[name]
+        await self._save(m, m.workdir / "state")
+        man = self._manifest_of(m, name)
+        man.created_at = now_rfc3339()
+        await asyncio.to_thread(write_json_atomic, m.workdir / "manifest.json", man.to_json())
+        await self._stop(m)
+
+    def paused_manifest(self, name: str) -> Manifest:
+        try:
+            data = json.loads((self.cfg.sandboxes_dir / name / "manifest.json").read_text())
+            return Manifest.from_json(data)
+        except (FileNotFoundError, ValueError, TypeError, KeyError, SnapshotCorrupt) as e:
+            raise PausedStateMissing(f"sandbox {name} has no usable paused state: {e}") from e
+
+    def is_paused(self, name: str) -> bool:
+        return name not in self._machines and (
+            self.cfg.sandboxes_dir / name / "manifest.json").is_file()
+
+    async def resume(self, name: str, init: AgentInit) -> SandboxHandle:
+        m = await self.restore(name, None)
+        try:
+            await self.push_init(m, init)
+        except BaseException:
+            await self._stop(m)
+            raise
+        return self.handle(name, m.template_id)
+
+    async def fork(self, name: str, children: list[tuple[str, AgentInit]]
+                   ) -> list[SandboxHandle | BaseException]:
+        """Snapshot `name` (it keeps running) and restore one child per entry, each with
+        its own identity, token, env and entropy."""
+        m = self._machines[name]
+        snap_id = f"fork-{name}-{secrets.token_hex(4)}"
+        await self.snapshot(name, self._manifest_of(m, snap_id, parent=name))
+        try:
+            results = await asyncio.gather(
+                *(self._create_from(cid, snap_id, init) for cid, init in children),
+                return_exceptions=True,
+            )
+        finally:
+            # Children hold reflinked copies: the fork snapshot itself is not kept.
+            with contextlib.suppress(SnapshotNotFound):
+                await asyncio.to_thread(self.snapshots.delete, snap_id)
+        return list(results)
+
+    async def snapshot_sandbox(self, name: str, snapshot_id: str,
+                               names: list[str]) -> Manifest:
+        m = self._machines[name]
+        man = self._manifest_of(m, snapshot_id, parent=name, names=names)
+        await self.snapshot(name, man)
+        return man
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.snapshots.delete(snapshot_id)
 
     async def wait_agent(self, m: Machine, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -294,31 +393,52 @@ class Runtime:
             raise BootError(f"agent /init answered {r.status_code}: {r.text[:200]}")
 
     async def destroy(self, name: str) -> None:
+        """End the VM (if any) and delete everything of it, paused state included."""
         m = self._machines.pop(name, None)
         if m is not None:
             await self._destroy(m)
+        else:
+            await asyncio.to_thread(shutil.rmtree, self.cfg.sandboxes_dir / name, True)
 
-    async def _destroy(self, m: Machine) -> None:
+    async def _stop(self, m: Machine) -> None:
+        """End the VMM and give back its slot, keeping its directory (pause)."""
+        self._machines.pop(m.name, None)
         await m.http.aclose()
         with contextlib.suppress(Exception):
             await m.vm.kill()
-        await self._release(m.slot, m.workdir)
+        await self.slots.release_async(m.slot)
 
-    async def _release(self, slot: Slot, workdir: Path) -> None:
-        await asyncio.to_thread(shutil.rmtree, workdir, True)
+    async def _destroy(self, m: Machine) -> None:
+        await self._stop(m)
+        await asyncio.to_thread(shutil.rmtree, m.workdir, True)
+
+    async def _release(self, slot: Slot, workdir: Path | None) -> None:
+        if workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
         await self.slots.release_async(slot)
 
     # -- the sandbox API the orchestrator uses ------------------------------------------
     async def create(self, sandbox_id: str, template: str, init: AgentInit,
                      shape: MachineShape | None = None) -> SandboxHandle:
-        info = self._template_info(template)
-        if shape is not None and shape != info.shape:
-            raise RuntimeError_(
-                f"template {template} is built for {info.shape}; other shapes need a build")
+        """From a template name or a snapshot id."""
+        try:
+            info = self._template_info(template)
+            snapshot_id, template_shape = info.build_id, info.shape
+        except TemplateNotFound:
+            snapshot_id = template
+            template_shape = self._manifest(template).shape
+        if shape is not None and shape != template_shape:
+            raise ShapeMismatch(
+                f"template {template} is built for {template_shape}; other shapes need a build")
         if len(self._machines) >= self.cfg.max_sandboxes:
             raise CapacityExceeded("node is at its sandbox limit")
+        await self._create_from(sandbox_id, snapshot_id, init)
+        return self.handle(sandbox_id, template)
+
+    async def _create_from(self, sandbox_id: str, snapshot_id: str, init: AgentInit
+                           ) -> SandboxHandle:
         try:
-            m = await self.restore(sandbox_id, info.build_id)
+            m = await self.restore(sandbox_id, snapshot_id)
             await self.push_init(m, init)
         except VmmError as e:
             await self.destroy(sandbox_id)
@@ -326,7 +446,7 @@ class Runtime:
         except BaseException:
             await self.destroy(sandbox_id)
             raise
-        return self.handle(sandbox_id, info.template_id)
+        return self.handle(sandbox_id, m.template_id)
 
     def handle(self, name: str, template_id: str) -> SandboxHandle:
         m = self._machines[name]
@@ -336,6 +456,7 @@ class Runtime:
         )
 
     async def kill(self, handle: SandboxHandle) -> None:
+        """Kill a running or paused sandbox and delete its files."""
         await self.destroy(handle.sandbox_id)
 
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]:
