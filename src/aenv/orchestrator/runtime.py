@@ -72,7 +72,9 @@ class PausedStateMissing(RuntimeError_):
 def kernel_cmdline(extra: str = "") -> str:
     parts = [
         "console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4",
-        f"tsc_early_khz={host_tsc_khz()}", "root=/dev/vda", "ro", "rootfstype=ext4",
+        # tsc=reliable: under a busy TCG host the clocksource watchdog can otherwise mark the
+        # TSC unstable and leave the guest on jiffies.
+        f"tsc_early_khz={host_tsc_khz()}", "tsc=reliable", "root=/dev/vda", "ro", "rootfstype=ext4",
         "init=/init", guest_ip_cmdline(), "random.trust_cpu=on", "8250.nr_uarts=1",
     ]
     return " ".join(parts + ([extra] if extra else []))

@@ -144,7 +144,7 @@ async def test_qemu_dying_at_start_leaves_nothing(runtime, sandbox_id, tmp_path)
     os.chmod(tmp_path, 0o755)
     runtime.driver.binary = str(fake)
     try:
-        with pytest.raises(Exception, match="simulated failure"):
+        with pytest.raises(Exception, match="QEMU exited at start"):
             await runtime.create(sandbox_id, "base", AgentInit())
     finally:
         runtime.driver.binary = real
