@@ -59,6 +59,20 @@ class Config(BaseModel):
     on_shutdown: Literal["pause", "kill"] = "kill"
     log_level: str = "info"
 
+    # Which Runtime the node drives: "qemu" (real microVMs) or "fake" (no VMs; API tests only).
+    runtime: Literal["qemu", "fake"] = "qemu"
+    # Longest TTL a create/set_timeout/connect may ask for (E2B's own cap is 24 h).
+    max_timeout_s: int = Field(86400, ge=1)
+    # How often the TTL sweeper looks for expired sandboxes: bounds how late a kill at endAt is.
+    ttl_sweep_interval_s: float = Field(0.5, gt=0)
+    # How often each running sandbox's agent /metrics is sampled (E2B uses ~5 s buckets).
+    metrics_interval_s: float = Field(5.0, gt=0)
+    # How long a call waits for another call's in-flight transition on the same sandbox
+    # (a boot or a kill) before giving up with 409.
+    transition_wait_s: float = Field(120.0, gt=0)
+    # After SIGTERM, how long open requests get to finish before VMs are ended anyway.
+    shutdown_grace_s: float = Field(10.0, ge=0)
+
     @field_validator("data_dir", "kernel_path", mode="after")
     @classmethod
     def _absolute(cls, v: Path | None) -> Path | None:
@@ -105,10 +119,18 @@ _SIMPLE_ENV = {
     "ON_SHUTDOWN": "on_shutdown",
     "LOG_LEVEL": "log_level",
     "JAIL_UID_BASE": "jail_uid_base",
+    "RUNTIME": "runtime",
+    "MAX_TIMEOUT_S": "max_timeout_s",
+    "TTL_SWEEP_INTERVAL_S": "ttl_sweep_interval_s",
+    "METRICS_INTERVAL_S": "metrics_interval_s",
+    "TRANSITION_WAIT_S": "transition_wait_s",
+    "SHUTDOWN_GRACE_S": "shutdown_grace_s",
 }
 
 
-def load(path: Path | None = None, env: dict[str, str] | None = None, **overrides: object) -> Config:
+def load(
+    path: Path | None = None, env: dict[str, str] | None = None, **overrides: object
+) -> Config:
     """Build the config. `overrides` (e.g. CLI flags) win over env, env over the file."""
     env = dict(os.environ) if env is None else env
     data: dict[str, object] = {}

@@ -18,8 +18,13 @@ def _envelopes(data: bytes) -> list[tuple[int, dict]]:
     return out
 
 
-def run(base_url: str, cmd: str, token: str | None = None, timeout: float = 30.0,
-        user: str | None = None) -> tuple[int, str, str]:
+def run(
+    base_url: str,
+    cmd: str,
+    token: str | None = None,
+    timeout: float = 30.0,
+    user: str | None = None,
+) -> tuple[int, str, str]:
     """Run `bash -l -c cmd` through Process/Start; return (exit_code, stdout, stderr)."""
     msg = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd]}}).encode()
     headers = {
@@ -31,8 +36,12 @@ def run(base_url: str, cmd: str, token: str | None = None, timeout: float = 30.0
         headers["X-Access-Token"] = token
     if user:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
-    r = httpx.post(base_url + "/process.Process/Start", headers=headers,
-                   content=struct.pack(">BI", 0, len(msg)) + msg, timeout=timeout + 5)
+    r = httpx.post(
+        base_url + "/process.Process/Start",
+        headers=headers,
+        content=struct.pack(">BI", 0, len(msg)) + msg,
+        timeout=timeout + 5,
+    )
     r.raise_for_status()
     out, err, code = b"", b"", None
     for flags, body in _envelopes(r.content):

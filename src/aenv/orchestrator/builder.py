@@ -54,7 +54,8 @@ def build_rootfs(cfg: Config, name: str, recipe: str, disk_mib: int,
     """The template's raw ext4 image, cached by recipe (+ source dir) and disk size."""
     if recipe not in rootfs.RECIPES and source is None:
         raise BuildError(f"unknown recipe {recipe!r} (known: {', '.join(rootfs.RECIPES)})")
-    key = hashlib.sha256(f"{recipe}:{RECIPE_VERSIONS.get(recipe)}:{disk_mib}:{source}".encode()).hexdigest()
+    tag = f"{recipe}:{RECIPE_VERSIONS.get(recipe)}:{disk_mib}:{source}"
+    key = hashlib.sha256(tag.encode()).hexdigest()
     image = cfg.templates_dir / name / f"rootfs-{key[:12]}.ext4"
     if image.exists():
         return image

@@ -89,6 +89,7 @@ class Machine:
     slot: Slot
     workdir: Path
     template_id: str = ""
+    access_token: str | None = None  # the agent enforces it on everything but /health, /init
     # Connections to the agent live and die with this VM: a slot address is reused by the
     # next VM, and a kept-alive connection to the previous guest would hang.
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(
@@ -393,6 +394,7 @@ class Runtime:
             raise BootError(f"agent /init failed: {e!r}") from e
         if r.status_code >= 300:
             raise BootError(f"agent /init answered {r.status_code}: {r.text[:200]}")
+        m.access_token = init.access_token
 
     async def destroy(self, name: str) -> None:
         """End the VM (if any) and delete everything of it, paused state included."""
@@ -465,7 +467,8 @@ class Runtime:
         m = self._machines.get(handle.sandbox_id)
         if m is None:
             raise RuntimeError_(f"sandbox {handle.sandbox_id} is not running")
-        r = await m.http.get(handle.url() + "/metrics", timeout=2.0)
+        headers = {"X-Access-Token": m.access_token} if m.access_token else {}
+        r = await m.http.get(handle.url() + "/metrics", headers=headers, timeout=2.0)
         r.raise_for_status()
         data = r.json()
         if not isinstance(data, dict) or len(r.content) > 65536:

@@ -1,0 +1,199 @@
+"""The node's ASGI application: the data-plane proxy in front of the FastAPI control plane.
+
+    node = Node(config)            # or Node(config, runtime=FakeRuntime()) in tests
+    uvicorn.run(node, ...)         # lifespan starts/stops the orchestrator
+
+A request that names a sandbox (see `proxy.py`) never reaches FastAPI's routing; everything
+else is the control plane, whose bodies are capped at `MAX_CONTROL_BODY` bytes (413 beyond).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+import aenv
+from aenv.api import errors, sandboxes, system, templates
+from aenv.api.auth import resolve_api_key
+from aenv.api.proxy import DataPlaneProxy, send_json
+from aenv.config import Config
+from aenv.orchestrator.factory import make_runtime
+from aenv.orchestrator.runtime_api import Runtime
+from aenv.orchestrator.service import Orchestrator
+
+log = logging.getLogger("aenv.api")
+
+# Control-plane request bodies are small JSON; anything bigger is refused with 413.
+MAX_CONTROL_BODY = 1 << 20
+OPENAPI_PATH = "/openapi.json"
+
+
+def build_api(node: Node) -> FastAPI:
+    api = FastAPI(
+        title="aenv",
+        version=aenv.__version__,
+        description="E2B-compatible control plane of one aenv node (see docs/api.md).",
+        openapi_url=OPENAPI_PATH,
+        docs_url=None,
+        redoc_url=None,
+    )
+    api.state.orchestrator = node.orchestrator
+    api.state.api_key = node.api_key
+    api.state.domain = node.config.domain or None
+    errors.install(api)
+    api.include_router(system.router)
+    api.include_router(sandboxes.router)
+    api.include_router(templates.router)
+    api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
+    return api
+
+
+def _openapi(api: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, minus its 422s: validation errors are E2B's 400 `Error` here."""
+    if api.openapi_schema is None:
+        doc = get_openapi(title=api.title, version=api.version, description=api.description,
+                          routes=api.routes)  # fmt: skip
+        for ops in doc.get("paths", {}).values():
+            for op in ops.values():
+                op.get("responses", {}).pop("422", None)
+        schemas = doc.get("components", {}).get("schemas", {})
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+        api.openapi_schema = doc
+    return api.openapi_schema
+
+
+class Node:
+    """One node: orchestrator + proxy + control plane. Valid between start() and close()."""
+
+    def __init__(self, config: Config, runtime: Runtime | None = None) -> None:
+        self.config = config
+        self.runtime = runtime if runtime is not None else make_runtime(config)
+        self.api_key = resolve_api_key(config)
+        self.orchestrator = Orchestrator(config, self.runtime)
+        self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain)
+        self.api = build_api(self)
+        self._started = False
+
+    async def start(self) -> None:
+        await self.orchestrator.start()
+        self._started = True
+
+    def begin_shutdown(self) -> None:
+        self.orchestrator.begin_shutdown()
+
+    async def close(self) -> None:
+        try:
+            await self.orchestrator.close()
+        finally:
+            await self.proxy.aclose()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "http" or kind == "websocket":
+            target = self.proxy.match(scope)
+            if target is not None:
+                await self.proxy.handle(scope, receive, send, target)
+            elif kind == "http" and scope["path"] == "/health" and scope["method"] == "GET":
+                await _send_bytes(send, 200, _HEALTH)  # hot path: load balancers poll it
+            elif kind == "http":
+                await self._control(scope, receive, send)
+            else:
+                await self.api(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _control(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        length = None
+        chunked = False
+        json_body = False
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                length = v
+            elif k == b"transfer-encoding":
+                chunked = True
+            elif k == b"content-type":
+                json_body = b"json" in v
+        if not json_body and (chunked or length not in (None, b"0")):
+            # Every control-plane body is JSON, whatever the client labelled it (curl -d).
+            scope = dict(scope)
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope["headers"].append((b"content-type", b"application/json"))
+        if length is not None:
+            try:
+                too_big = int(length) > MAX_CONTROL_BODY
+            except ValueError:
+                await send_json(send, 400, errors.body(400, "invalid Content-Length"))
+                return
+            if too_big:
+                await send_json(send, 413, errors.body(413, _too_big()))
+                return
+        elif chunked:
+            data = bytearray()
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return
+                data += msg.get("body", b"")
+                if len(data) > MAX_CONTROL_BODY:
+                    await send_json(send, 413, errors.body(413, _too_big()))
+                    return
+                if not msg.get("more_body", False):
+                    break
+            receive = _replay(bytes(data), receive)
+        await self.api(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as e:
+                    log.exception("node.start_failed")
+                    await send({"type": "lifespan.startup.failed", "message": repr(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                try:
+                    await self.close()
+                except Exception:
+                    log.exception("node.close_failed")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+_HEALTH = b'{"status":"ok"}'
+
+
+async def _send_bytes(send: Any, status: int, body: bytes) -> None:
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+def _too_big() -> str:
+    return f"request body too large (limit {MAX_CONTROL_BODY} bytes)"
+
+
+def _replay(data: bytes, receive: Any) -> Any:
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def create_app(config: Config, runtime: Runtime | None = None) -> Node:
+    return Node(config, runtime)

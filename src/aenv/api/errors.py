@@ -1,0 +1,93 @@
+"""One table from exceptions to E2B error bodies `{"code": <status>, "message": "..."}`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aenv.api.auth import key_ok
+from aenv.orchestrator.errors import CapacityExhausted, OrchestratorError
+from aenv.orchestrator.runtime_api import RuntimeError_
+
+log = logging.getLogger("aenv.api")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request"
+    err = errors[0]
+    if err.get("type") == "json_invalid":
+        return "request body is not valid JSON"
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    where = ".".join(loc)
+    if not where and err.get("type") == "missing":
+        return "request body is required"
+    msg = str(err.get("msg", "invalid value"))
+    return f"{where}: {msg}" if where else msg
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(OrchestratorError)
+    async def _orch_error(request: Request, exc: OrchestratorError) -> JSONResponse:
+        headers = None
+        if isinstance(exc, CapacityExhausted):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        if exc.status >= 500:
+            log.warning("api.error", extra={"kv": {"status": exc.status, "error": exc.message}})
+        return error_response(exc.status, exc.message, headers)
+
+    @app.exception_handler(RuntimeError_)
+    async def _runtime_error(request: Request, exc: RuntimeError_) -> JSONResponse:
+        status = int(getattr(exc, "status", 500))
+        headers = {"Retry-After": "1"} if status == 429 else None
+        if status >= 500:
+            log.error("api.runtime_error", exc_info=exc,
+                      extra={"kv": {"path": request.url.path}})  # fmt: skip
+        return error_response(status, str(exc) or type(exc).__name__, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # The body is parsed before dependencies run: answer 401 first for a bad key.
+        if not key_ok(request):
+            return error_response(401, "Invalid API key")
+        return error_response(400, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route for {request.method} {request.url.path}"
+        return error_response(exc.status_code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error("api.internal_error", exc_info=exc, extra={"kv": {"path": request.url.path}})
+        return error_response(500, "internal server error")
+
+
+def body(status: int, message: str) -> dict[str, Any]:
+    return {"code": status, "message": message}

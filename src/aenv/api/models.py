@@ -1,0 +1,142 @@
+"""E2B wire models: request bodies (strictly typed) and response bodies (JSON keys as E2B's).
+
+Field names are the JSON keys, camelCase as in E2B's OpenAPI spec. Unknown request keys are
+ignored; wrong types are a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+Seconds = Annotated[StrictInt, Field(ge=0)]
+StrMap = dict[StrictStr, StrictStr]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AutoResume(_Body):
+    enabled: StrictBool = False
+
+
+class NewSandbox(_Body):
+    """`NewSandboxV2` (POST /v2/sandboxes) and `NewSandbox` (POST /sandboxes)."""
+
+    templateID: Annotated[StrictStr, Field(min_length=1, max_length=255)]
+    timeout: Seconds | None = None
+    metadata: StrMap | None = None
+    envVars: StrMap | None = None
+    secure: StrictBool | None = Field(None, description="v1 only: false omits envdAccessToken")
+    autoPause: StrictBool | None = None
+    autoPauseMemory: StrictBool | None = None
+    autoResume: AutoResume | None = None
+    allow_internet_access: StrictBool | None = None
+    network: dict[str, Any] | None = None
+    mcp: dict[str, Any] | None = None
+    volumeMounts: list[Any] | None = None
+    # aenv extensions: the machine shape (defaults: the template's).
+    cpuCount: Annotated[StrictInt, Field(ge=1, le=64)] | None = Field(
+        None, description="aenv extension: vCPUs of the sandbox's VM"
+    )
+    memoryMB: Annotated[StrictInt, Field(ge=64, le=262144)] | None = Field(
+        None, description="aenv extension: guest RAM in MiB"
+    )
+
+
+class ConnectSandbox(_Body):
+    timeout: Seconds | None = None
+    memory: StrictBool | None = None
+
+
+class SandboxTimeout(_Body):
+    timeout: Seconds
+
+
+class SandboxRefresh(_Body):
+    duration: Seconds | None = None
+
+
+class Error(BaseModel):
+    code: int
+    message: str
+
+
+class Sandbox(BaseModel):
+    templateID: str
+    sandboxID: str
+    clientID: str
+    envdVersion: str
+    alias: str | None = None
+    envdAccessToken: str | None = None
+    trafficAccessToken: str | None = None
+    domain: str | None = None
+
+
+class Lifecycle(BaseModel):
+    onTimeout: Literal["kill", "pause"]
+    autoResume: bool
+
+
+class ListedSandbox(BaseModel):
+    templateID: str
+    alias: str | None = None
+    sandboxID: str
+    clientID: str
+    startedAt: str
+    endAt: str
+    envdVersion: str
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    state: Literal["running", "paused"]
+    metadata: dict[str, str] = {}
+
+
+class SandboxDetail(ListedSandbox):
+    envdAccessToken: str | None = None
+    domain: str | None = None
+    allowInternetAccess: bool | None = None
+    lifecycle: Lifecycle
+
+
+class SandboxMetric(BaseModel):
+    timestamp: str
+    timestampUnix: int
+    cpuCount: int
+    cpuUsedPct: float
+    memUsed: int
+    memTotal: int
+    memCache: int
+    diskUsed: int
+    diskTotal: int
+
+
+class Template(BaseModel):
+    templateID: str
+    buildID: str
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    public: bool
+    aliases: list[str]
+    names: list[str]
+    createdAt: str
+    updatedAt: str
+    createdBy: None = None
+    lastSpawnedAt: str | None = None
+    spawnCount: int = 0
+    buildCount: int = 1
+    envdVersion: str
+    buildStatus: str = "ready"
+
+
+class TemplateAlias(BaseModel):
+    templateID: str
+    public: bool
+
+
+class Health(BaseModel):
+    status: str

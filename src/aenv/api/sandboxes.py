@@ -1,0 +1,290 @@
+"""Control-plane sandbox routes: parse, call one orchestrator action, map the result."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+
+from aenv.api import query
+from aenv.api.auth import require_api_key
+from aenv.api.errors import ApiError
+from aenv.api.models import (
+    ConnectSandbox,
+    Error,
+    Lifecycle,
+    ListedSandbox,
+    NewSandbox,
+    Sandbox,
+    SandboxDetail,
+    SandboxMetric,
+    SandboxRefresh,
+    SandboxTimeout,
+)
+from aenv.orchestrator.errors import Unsupported
+from aenv.orchestrator.service import CreateRequest, Orchestrator
+from aenv.orchestrator.states import PUBLIC_STATE, states_for_public
+from aenv.orchestrator.store import ListQuery, SandboxRecord
+
+V2_CREATE_TIMEOUT_S = 300
+V1_CREATE_TIMEOUT_S = 15
+CONNECT_TIMEOUT_S = 300
+MAX_PAGE = 100
+
+_errors: dict[int | str, dict[str, object]] = {
+    s: {"model": Error} for s in (400, 401, 404, 409, 429, 500)
+}
+router = APIRouter(dependencies=[Depends(require_api_key)], responses=_errors)
+
+
+def _orch(request: Request) -> Orchestrator:
+    return request.app.state.orchestrator
+
+
+def _sandbox(request: Request, rec: SandboxRecord) -> Sandbox:
+    fields: dict[str, object] = {
+        "templateID": rec.template_id,
+        "sandboxID": rec.sandbox_id,
+        "clientID": _orch(request).client_id,
+        "envdVersion": rec.envd_version,
+        "alias": rec.alias,
+        "trafficAccessToken": None,
+        "domain": request.app.state.domain,
+    }
+    if rec.access_token is not None:
+        fields["envdAccessToken"] = rec.access_token
+    return Sandbox(**fields)
+
+
+def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
+    return {
+        "templateID": rec.template_id,
+        "alias": rec.alias,
+        "sandboxID": rec.sandbox_id,
+        "clientID": _orch(request).client_id,
+        "startedAt": query.rfc3339(rec.started_at_us),
+        "endAt": query.rfc3339(rec.end_at_us),
+        "envdVersion": rec.envd_version,
+        "cpuCount": rec.vcpus,
+        "memoryMB": rec.memory_mib,
+        "diskSizeMB": rec.disk_mib,
+        "state": PUBLIC_STATE[rec.state],
+        "metadata": rec.metadata,
+    }
+
+
+def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
+    fields = _listed_fields(request, rec) | {
+        "domain": request.app.state.domain,
+        "allowInternetAccess": rec.allow_internet,
+        "lifecycle": Lifecycle(
+            onTimeout="pause" if rec.auto_pause else "kill", autoResume=rec.auto_resume
+        ),
+    }
+    if rec.access_token is not None:
+        fields["envdAccessToken"] = rec.access_token
+    return SandboxDetail(**fields)
+
+
+def _unsupported_options(body: NewSandbox) -> None:
+    if body.allow_internet_access is False:
+        raise Unsupported("allow_internet_access=false is not supported yet: egress is open")
+    if body.network and any(v not in (None, [], {}, False) for v in body.network.values()):
+        raise Unsupported("network rules are not supported yet")
+    if body.mcp:
+        raise Unsupported("mcp is not supported yet")
+    if body.volumeMounts:
+        raise Unsupported("volumeMounts are not supported yet")
+
+
+async def _create(request: Request, body: NewSandbox, default_timeout: int) -> Sandbox:
+    _unsupported_options(body)
+    req = CreateRequest(
+        template=body.templateID,
+        timeout_s=body.timeout if body.timeout is not None else default_timeout,
+        metadata=body.metadata or {},
+        env_vars=body.envVars or {},
+        secure=body.secure is not False,
+        auto_pause=bool(body.autoPause),
+        auto_resume=bool(body.autoResume and body.autoResume.enabled),
+        allow_internet=body.allow_internet_access,
+        vcpus=body.cpuCount,
+        memory_mib=body.memoryMB,
+    )
+    rec = await _orch(request).create(req)
+    return _sandbox(request, rec)
+
+
+@router.post("/v2/sandboxes", status_code=201, response_model_exclude_unset=True)
+async def create_sandbox_v2(request: Request, body: NewSandbox) -> Sandbox:
+    """Create a sandbox (timeout defaults to 300 s); it is always secured."""
+    body.secure = None
+    return await _create(request, body, V2_CREATE_TIMEOUT_S)
+
+
+@router.post("/sandboxes", status_code=201, response_model_exclude_unset=True)
+async def create_sandbox_v1(request: Request, body: NewSandbox) -> Sandbox:
+    """Create a sandbox, v1 (timeout defaults to 15 s; `secure: false` omits the token)."""
+    return await _create(request, body, V1_CREATE_TIMEOUT_S)
+
+
+@router.get("/sandboxes")
+async def list_running(
+    request: Request,
+    metadata: Annotated[str | None, Query(description="double-encoded key=value&...")] = None,
+) -> list[ListedSandbox]:
+    """v1 list: running sandboxes."""
+    q = ListQuery(
+        states=states_for_public("running"),
+        metadata=query.parse_metadata_filter(metadata),
+        limit=1_000_000,
+    )
+    recs, _ = _orch(request).list(q)
+    return [ListedSandbox(**_listed_fields(request, r)) for r in recs]
+
+
+@router.get("/v2/sandboxes")
+async def list_sandboxes(
+    request: Request,
+    response: Response,
+    metadata: Annotated[str | None, Query(description="double-encoded key=value&...")] = None,
+    state: Annotated[list[str] | None, Query(description="running,paused (default both)")] = None,
+    startedAfter: Annotated[str | None, Query(description="RFC 3339, inclusive")] = None,
+    template: Annotated[str | None, Query(description="template id or alias")] = None,
+    order: Annotated[str | None, Query(description="asc or desc (default)")] = None,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
+    nextToken: Annotated[str | None, Query()] = None,
+) -> list[ListedSandbox]:
+    """List sandboxes newest first; `x-next-token` is set only when another page exists."""
+    if order not in (None, "asc", "desc"):
+        raise ApiError(400, "order must be asc or desc")
+    q = ListQuery(
+        states=query.parse_states(",".join(state) if state else None),
+        metadata=query.parse_metadata_filter(metadata),
+        started_after_us=(
+            query.parse_time_us(startedAfter, "startedAfter") if startedAfter else None
+        ),
+        template=template,
+        order="asc" if order == "asc" else "desc",
+        limit=limit or MAX_PAGE,
+        cursor=query.decode_cursor(nextToken),
+    )
+    recs, nxt = _orch(request).list(q)
+    if nxt is not None:
+        response.headers["x-next-token"] = query.encode_cursor(nxt)
+    return [ListedSandbox(**_listed_fields(request, r)) for r in recs]
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model_exclude_unset=True)
+async def get_sandbox(request: Request, sandbox_id: str) -> SandboxDetail:
+    return _detail(request, _orch(request).get(sandbox_id))
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204, response_class=Response)
+async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
+    await _orch(request).kill(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204, response_class=Response)
+async def set_timeout(request: Request, sandbox_id: str, body: SandboxTimeout) -> Response:
+    """endAt = now + timeout (may shorten it)."""
+    await _orch(request).set_timeout(sandbox_id, body.timeout)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204, response_class=Response)
+async def refresh(
+    request: Request, sandbox_id: str, body: Annotated[SandboxRefresh | None, Body()] = None
+) -> Response:
+    """Keep alive `duration` more seconds (extend-only; default the sandbox's timeout)."""
+    await _orch(request).refresh(sandbox_id, body.duration if body else None)
+    return Response(status_code=204)
+
+
+async def _connect(
+    request: Request, response: Response, sandbox_id: str, body: ConnectSandbox | None
+) -> Sandbox:
+    timeout = body.timeout if body and body.timeout is not None else CONNECT_TIMEOUT_S
+    rec, resumed = await _orch(request).connect(sandbox_id, timeout)
+    response.status_code = 201 if resumed else 200
+    return _sandbox(request, rec)
+
+
+@router.post(
+    "/v2/sandboxes/{sandbox_id}/connect",
+    response_model_exclude_unset=True,
+    responses={201: {"model": Sandbox, "description": "resumed"}},
+)
+async def connect_v2(
+    request: Request,
+    response: Response,
+    sandbox_id: str,
+    body: Annotated[ConnectSandbox | None, Body()] = None,
+) -> Sandbox:
+    """Running: extend-only TTL, 200. Paused: resume, 201."""
+    return await _connect(request, response, sandbox_id, body)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/connect",
+    response_model_exclude_unset=True,
+    responses={201: {"model": Sandbox, "description": "resumed"}},
+)
+async def connect_v1(
+    request: Request,
+    response: Response,
+    sandbox_id: str,
+    body: Annotated[ConnectSandbox | None, Body()] = None,
+) -> Sandbox:
+    return await _connect(request, response, sandbox_id, body)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def sandbox_metrics(
+    request: Request,
+    sandbox_id: str,
+    start: Annotated[int | None, Query(ge=0, description="unix seconds")] = None,
+    end: Annotated[int | None, Query(ge=0, description="unix seconds")] = None,
+) -> list[SandboxMetric]:
+    """Samples of the agent's /metrics in [start, end] (default: since the sandbox started)."""
+    start_us = min(start, 2**42) * 1_000_000 if start is not None else None
+    end_us = min(end, 2**42) * 1_000_000 + 999_999 if end is not None else None
+    if start_us is not None and end_us is not None and start_us > end_us:
+        raise ApiError(400, "start must not be after end")
+    samples = await _orch(request).metrics(sandbox_id, start_us, end_us)
+    return [
+        SandboxMetric(
+            timestamp=query.rfc3339(m.ts_us),
+            timestampUnix=m.ts_us // 1_000_000,
+            cpuCount=m.cpu_count,
+            cpuUsedPct=m.cpu_used_pct,
+            memUsed=m.mem_used,
+            memTotal=m.mem_total,
+            memCache=m.mem_cache,
+            diskUsed=m.disk_used,
+            diskTotal=m.disk_total,
+        )
+        for m in samples
+    ]
+
+
+def _not_yet(what: str):  # type: ignore[no-untyped-def]
+    async def handler(request: Request, sandbox_id: str) -> Response:
+        _orch(request).get(sandbox_id)  # 404 first for an unknown id
+        raise ApiError(501, f"{what} is not supported by this node yet")
+
+    return handler
+
+
+for _path, _what in (
+    ("/sandboxes/{sandbox_id}/pause", "pause"),
+    ("/sandboxes/{sandbox_id}/resume", "resume"),
+    ("/sandboxes/{sandbox_id}/fork", "fork"),
+    ("/sandboxes/{sandbox_id}/snapshots", "snapshots"),
+):
+    router.add_api_route(
+        _path, _not_yet(_what), methods=["POST"], status_code=501,
+        response_class=Response, summary=f"{_what} (not supported yet: 501)",
+        responses={501: {"model": Error}},
+    )  # fmt: skip

@@ -1,0 +1,56 @@
+"""Errors the orchestrator raises; the API maps each class to one HTTP status in one table.
+
+    OrchestratorError                 (500, terminal for the call)
+    ├── NotFound                      (404) no sandbox/template by that id
+    ├── InvalidRequest                (400) the caller asked for something malformed
+    ├── Unsupported                   (400) a valid E2B option this node cannot honour yet
+    ├── StateConflict                 (409) the sandbox is not in a state the call accepts
+    ├── CapacityExhausted             (429) over max_sandboxes / max_concurrent_boots; retry later
+    └── ShuttingDown                  (503) the node stopped accepting work
+
+Runtime failures (`aenv.orchestrator.runtime_api.RuntimeError_` and subclasses) pass through
+unchanged; they carry their own `status`.
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(OrchestratorError):
+    status = 404
+
+
+class InvalidRequest(OrchestratorError):
+    status = 400
+
+
+class Unsupported(OrchestratorError):
+    status = 400
+
+
+class StateConflict(OrchestratorError):
+    status = 409
+
+    def __init__(self, message: str, *, expected: tuple[str, ...] = (), actual: str = "") -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+
+class CapacityExhausted(OrchestratorError):
+    status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDown(OrchestratorError):
+    status = 503

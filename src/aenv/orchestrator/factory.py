@@ -1,0 +1,27 @@
+"""The one place that picks the Runtime implementation the node drives."""
+
+from __future__ import annotations
+
+from aenv.config import Config
+from aenv.orchestrator.runtime_api import Runtime
+
+
+class RuntimeUnavailable(Exception):
+    pass
+
+
+def make_runtime(config: Config) -> Runtime:
+    if config.runtime == "fake":
+        from aenv.orchestrator.fake import FakeRuntime
+
+        return FakeRuntime()
+    try:
+        from aenv.orchestrator.runtime import Runtime as QemuRuntime
+    except ImportError as e:
+        if e.name != "aenv.orchestrator.runtime":
+            raise
+        raise RuntimeUnavailable(
+            "the QEMU runtime (aenv.orchestrator.runtime) is not installed in this build; "
+            "set AENV_RUNTIME=fake to serve the API without VMs"
+        ) from e
+    return QemuRuntime(config)

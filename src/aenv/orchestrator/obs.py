@@ -1,0 +1,103 @@
+"""Observability: one-line key=value logs, per-stage timers, and the node's Prometheus metrics.
+
+    log_event(log, "sandbox.created", sandbox_id=..., template=...)
+    async with stage("create", "runtime_create", sandbox_id): ...
+
+`stage` logs `stage op=... stage=... sandbox_id=... ms=... outcome=ok|error` at debug level
+and observes `aenv_stage_seconds{op,stage,outcome}`. Op and stage names are closed sets
+(metric labels); pass constants, never user input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+STAGE_SECONDS = Histogram(
+    "aenv_stage_seconds",
+    "Duration of one lifecycle stage",
+    ["op", "stage", "outcome"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+OPS_TOTAL = Counter("aenv_sandbox_ops_total", "Sandbox operations by outcome", ["op", "outcome"])
+SANDBOXES = Gauge("aenv_sandboxes", "Sandbox records by state", ["state"])
+BOOTS_IN_FLIGHT = Gauge("aenv_boots_in_flight", "Creates currently booting a VM")
+REJECTED_TOTAL = Counter("aenv_capacity_rejections_total", "Creates refused (429)", ["limit"])
+PROXY_REQUESTS = Counter(
+    "aenv_proxy_requests_total", "Data-plane requests by outcome", ["outcome"]
+)
+PROXY_OPEN = Gauge("aenv_proxy_open_streams", "Data-plane responses currently streaming")
+
+
+def log_event(log: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    if log.isEnabledFor(level):
+        log.log(level, event, extra={"kv": fields})
+
+
+@contextlib.asynccontextmanager
+async def stage(op: str, name: str, sandbox_id: str | None = None) -> AsyncIterator[None]:
+    t0 = time.perf_counter()
+    outcome = "error"
+    try:
+        yield
+        outcome = "ok"
+    finally:
+        dt = time.perf_counter() - t0
+        STAGE_SECONDS.labels(op, name, outcome).observe(dt)
+        log_event(
+            _stage_log, "stage", logging.DEBUG,
+            op=op, stage=name, sandbox_id=sandbox_id, ms=round(dt * 1000, 3), outcome=outcome,
+        )  # fmt: skip
+
+
+_stage_log = logging.getLogger("aenv.stage")
+
+
+def _fmt_value(v: Any) -> str:
+    s = str(v)
+    if s == "" or any(c in s for c in ' "=\n\t'):
+        return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return s
+
+
+class KeyValueFormatter(logging.Formatter):
+    """`ts=... level=info logger=aenv.x event=sandbox.created sandbox_id=...` on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+        parts = [
+            f"ts={ts.replace('+00:00', 'Z')}",
+            f"level={record.levelname.lower()}",
+            f"logger={record.name}",
+            f"event={_fmt_value(record.getMessage())}",
+        ]
+        for k, v in getattr(record, "kv", {}).items():
+            if v is not None:
+                parts.append(f"{k}={_fmt_value(v)}")
+        if record.exc_info:
+            parts.append(f"exc={_fmt_value(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+def configure_logging(level: str = "info") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = []
+        lg.propagate = True
+    # Libraries' debug output is per-packet noise: below INFO only aenv's own lines pass.
+    handler.addFilter(_own_debug_only)
+
+
+def _own_debug_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.INFO or record.name.startswith("aenv")

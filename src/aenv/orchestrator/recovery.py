@@ -1,0 +1,73 @@
+"""Node restart: resolve every record left by the previous process (`states.RECOVERY`).
+
+A Runtime may offer the optional extension
+
+    async def adopt(self, handles: list[SandboxHandle]) -> list[SandboxHandle]
+
+which re-attaches to the VMs of those handles that still answer (e.g. QMP replies); the
+handles it returns stay Running. Without it, no VM survives a restart and every record that
+needed one is removed. Then, if the Runtime offers
+
+    async def reclaim(self, keep: set[str]) -> list[str]
+
+it is asked to end every VM, jail, slot and directory an earlier node process left behind
+except those of the sandboxes that keep a record (adopted, or paused: their state is on disk).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from aenv.orchestrator.obs import log_event
+from aenv.orchestrator.runtime_api import SandboxHandle
+from aenv.orchestrator.states import RECOVERY, SandboxState
+
+if TYPE_CHECKING:
+    from aenv.orchestrator.service import Orchestrator
+
+log = logging.getLogger("aenv.orchestrator")
+
+
+async def recover(orch: Orchestrator) -> dict[str, int]:
+    store = orch.store
+    records = store.all()
+    candidates = [r for r in records if RECOVERY[r.state] == "adopt" and r.slot_addr]
+    adopted: dict[str, SandboxHandle] = {}
+    adopt = getattr(orch.runtime, "adopt", None)
+    if candidates and callable(adopt):
+        try:
+            handles = await adopt([orch._handle(r) for r in candidates])
+            adopted = {h.sandbox_id: h for h in handles}
+        except Exception:
+            log.exception("recovery.adopt_failed")
+    counts = {"kept": 0, "adopted": 0, "removed": 0, "paused": 0}
+    now = orch.now_us()
+    for rec in records:
+        action = RECOVERY[rec.state]
+        if action == "adopt" and rec.sandbox_id in adopted:
+            store.force_state(rec.sandbox_id, SandboxState.RUNNING, now)
+            orch.routes.add(adopted[rec.sandbox_id], rec.access_token)
+            counts["adopted"] += 1
+        elif action in ("adopt", "remove"):
+            store.force_delete(rec.sandbox_id)
+            counts["removed"] += 1
+            log_event(log, "recovery.removed", sandbox_id=rec.sandbox_id, state=str(rec.state))
+        elif action == "paused":
+            store.force_state(rec.sandbox_id, SandboxState.PAUSED, now)
+            counts["paused"] += 1
+        else:
+            counts["kept"] += 1
+    reclaim = getattr(orch.runtime, "reclaim", None)
+    if callable(reclaim):
+        try:
+            # Keep every sandbox that still has a record: adopted VMs and paused state.
+            keep = {r.sandbox_id for r in store.all()}
+            reclaimed = await reclaim(keep=keep)
+        except Exception:
+            log.exception("recovery.reclaim_failed")
+        else:
+            counts["reclaimed"] = len(reclaimed)
+    if records or counts.get("reclaimed"):
+        log_event(log, "recovery.done", **counts)
+    return counts

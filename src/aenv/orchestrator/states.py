@@ -1,0 +1,75 @@
+"""The sandbox state machine: states, the legal transitions, and what the E2B API shows.
+
+Every change of a sandbox's state goes through `Store.transition`, a compare-and-set in SQL
+(`UPDATE ... WHERE state IN (...)`) checked against `TRANSITIONS`. An operation goes
+"CAS to a transitional state -> work -> CAS to the final state"; removal (after Killing, or a
+failed Creating) deletes the record, written here as the pseudo-state `GONE`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class SandboxState(enum.StrEnum):
+    CREATING = "creating"
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    RESUMING = "resuming"
+    SNAPSHOTTING = "snapshotting"
+    FORKING = "forking"
+    KILLING = "killing"
+
+
+S = SandboxState
+GONE = "gone"  # the record is deleted
+
+TRANSITIONS: dict[SandboxState, frozenset[SandboxState | str]] = {
+    S.CREATING: frozenset({S.RUNNING, GONE}),
+    S.RUNNING: frozenset({S.PAUSING, S.SNAPSHOTTING, S.FORKING, S.KILLING}),
+    # A failed pause is recoverable (back to Running) unless the VMM died.
+    S.PAUSING: frozenset({S.PAUSED, S.RUNNING, S.KILLING}),
+    S.PAUSED: frozenset({S.RESUMING, S.KILLING}),
+    S.RESUMING: frozenset({S.RUNNING, S.PAUSED}),
+    S.SNAPSHOTTING: frozenset({S.RUNNING, S.KILLING}),
+    S.FORKING: frozenset({S.RUNNING, S.KILLING}),
+    S.KILLING: frozenset({GONE}),
+}
+
+TRANSITIONAL = frozenset({S.CREATING, S.PAUSING, S.RESUMING, S.SNAPSHOTTING, S.FORKING, S.KILLING})
+
+# States that hold a live VMM (count against max_sandboxes, get TTL kills and metrics).
+HAS_VM = frozenset({S.CREATING, S.RUNNING, S.PAUSING, S.SNAPSHOTTING, S.FORKING, S.KILLING})
+
+# What the E2B API calls each state; states missing here are invisible (404, not listed).
+PUBLIC_STATE: dict[SandboxState, str] = {
+    S.RUNNING: "running",
+    S.PAUSING: "running",
+    S.SNAPSHOTTING: "running",
+    S.FORKING: "running",
+    S.PAUSED: "paused",
+    S.RESUMING: "paused",
+}
+
+
+def states_for_public(public: str) -> frozenset[SandboxState]:
+    return frozenset(s for s, p in PUBLIC_STATE.items() if p == public)
+
+
+def is_legal(src: SandboxState, dst: SandboxState | str) -> bool:
+    return dst in TRANSITIONS[src]
+
+
+# What a node restart does with a record it finds in each state (docs/api.md repeats this).
+# "adopt" = keep it Running if the runtime re-adopted its VM, else remove it.
+RECOVERY: dict[SandboxState, str] = {
+    S.CREATING: "remove",  # the create call died with the node; the client got no id
+    S.RUNNING: "adopt",
+    S.PAUSING: "adopt",  # no pause yet; once it exists: Paused if the snapshot is complete
+    S.SNAPSHOTTING: "adopt",
+    S.FORKING: "adopt",
+    S.KILLING: "remove",  # finish the kill
+    S.PAUSED: "keep",  # holds no VM; its files are on disk
+    S.RESUMING: "paused",  # the resume did not finish; the snapshot is intact
+}

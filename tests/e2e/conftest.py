@@ -1,0 +1,165 @@
+"""A live node for the SDK: `aenv server` as a real subprocess on a free loopback port.
+
+It uses the node's real data directory ($AENV_E2E_DATA_DIR, default /var/lib/aenv, where
+`aenv setup` built the kernel and the `base` template) and a fixed API key, and exports
+E2B_API_URL = E2B_SANDBOX_URL = its origin and E2B_API_KEY for the unmodified `e2b` SDK.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "aenv-e2e-key"
+DATA_DIR = Path(os.environ.get("AENV_E2E_DATA_DIR", "/var/lib/aenv"))
+START_DEADLINE_S = 90
+STOP_DEADLINE_S = 60
+
+
+def _runtime_missing() -> str | None:
+    if importlib.util.find_spec("aenv.orchestrator.runtime") is None:
+        return "the VM runtime (aenv.orchestrator.runtime) does not exist yet"
+    if os.geteuid() != 0:
+        return "booting microVMs needs root"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reason = _runtime_missing()
+    for item in items:
+        if "tests/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def qemu_pids() -> set[int]:
+    """QEMU processes running a sandbox of this data directory (others' QEMUs don't count)."""
+    marker = str(DATA_DIR / "sandboxes").encode()
+    pids = set()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"qemu-system" in argv[0] and any(marker in a for a in argv):
+            pids.add(int(p.name))
+    return pids
+
+
+@dataclass
+class NodeProcess:
+    """One `aenv server` child. `origin` is its base URL; `log` its stderr."""
+
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.env = {
+            **os.environ,
+            "AENV_DATA_DIR": str(DATA_DIR),
+            "AENV_API_KEY": API_KEY,
+            "AENV_HOST": "127.0.0.1",
+            "AENV_PORT": str(self.port),
+            "AENV_LOG_LEVEL": os.environ.get("AENV_E2E_LOG_LEVEL", "debug"),
+            "AENV_TTL_SWEEP_INTERVAL_S": "0.25",
+        }
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aenv.cli.main", "server"],
+            env=self.env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + START_DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"aenv server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(self.origin + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.kill9()
+        pytest.fail(f"aenv server did not answer /health in {START_DEADLINE_S} s:\n{self.tail()}")
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.origin, headers={"X-API-Key": API_KEY}, timeout=120)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            pytest.fail(f"aenv server ignored SIGTERM for {STOP_DEADLINE_S} s:\n{self.tail()}")
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def require_base_template(node: NodeProcess) -> None:
+    with node.api() as c:
+        names = {a for t in c.get("/templates").json() for a in [t["templateID"], *t["aliases"]]}
+    if "base" not in names:
+        pytest.fail(f"no `base` template under {DATA_DIR}: run `aenv setup` first")
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node for this module, with the SDK's env pointed at it; checked for leaks after."""
+    qemu_before = qemu_pids()
+    n = NodeProcess(free_port(), tmp_path_factory.mktemp("node") / "server.log")
+    n.start()
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+    os.environ.update(E2B_API_URL=n.origin, E2B_SANDBOX_URL=n.origin, E2B_API_KEY=API_KEY)
+    try:
+        require_base_template(n)
+        yield n
+        with n.api() as c:
+            left = c.get("/v2/sandboxes").json()
+        assert left == [], f"sandboxes left behind: {left}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        code = n.stop() if n.proc and n.proc.poll() is None else n.proc.returncode
+        print(n.tail(200))
+    assert code == 0, f"aenv server exit code {code}"
+    leaked = qemu_pids() - qemu_before
+    assert not leaked, f"QEMU processes left after the node stopped: {sorted(leaked)}"
