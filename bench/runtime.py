@@ -17,7 +17,6 @@ from aenv import config as config_mod
 from aenv.orchestrator.runtime import Runtime, kernel_cmdline
 from aenv.orchestrator.runtime_api import AgentInit
 from aenv.storage.tools import ensure_tools
-from aenv.vmm.cgroup import Cgroup
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -66,7 +65,7 @@ async def main(n: int, idle: int) -> None:
                                            cfg.default_template, AgentInit()))
         await asyncio.sleep(3)
         rss = [rss_kib(h.vmm_pid) for h in handles]
-        memcg = [Cgroup(h.sandbox_id).memory_current() // 1024 for h in handles]
+        memcg = [rt.cgroup(h.sandbox_id).memory_current() // 1024 for h in handles]
         rows.append((f"QEMU RSS per idle sandbox (n={idle}) mean",
                      f"{statistics.mean(rss) / 1024:.0f} MiB"))
         rows.append(("cgroup memory per idle sandbox mean",

@@ -29,6 +29,10 @@ class Config(BaseModel):
     data_dir: Path = Path("/var/lib/aenv")
     # Sparse XFS image mounted at data_dir when data_dir's filesystem cannot reflink.
     data_image_size_gib: int = 64
+    # Names what this node owns on the host (slot namespaces, cgroups, VM directories,
+    # database), so several nodes (e.g. concurrent test runs) can share one data directory's
+    # templates and artifacts without touching each other's sandboxes.
+    instance: str = Field("aenv", pattern=r"^[a-z][a-z0-9]{0,7}$")
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -81,7 +85,7 @@ class Config(BaseModel):
     # Derived locations under the data directory: one place names them.
     @property
     def db_path(self) -> Path:
-        return self.data_dir / "aenv.db"
+        return self.data_dir / f"{self.instance}.db"
 
     @property
     def artifacts_dir(self) -> Path:
@@ -97,7 +101,7 @@ class Config(BaseModel):
 
     @property
     def sandboxes_dir(self) -> Path:
-        return self.data_dir / "sandboxes"
+        return self.data_dir / "sandboxes" / self.instance
 
     @property
     def run_dir(self) -> Path:
@@ -106,6 +110,7 @@ class Config(BaseModel):
 
 _SIMPLE_ENV = {
     "DATA_DIR": "data_dir",
+    "INSTANCE": "instance",
     "HOST": "host",
     "PORT": "port",
     "API_KEY": "api_key",

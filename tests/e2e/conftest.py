@@ -83,6 +83,9 @@ class NodeProcess:
         self.env = {
             **os.environ,
             "AENV_DATA_DIR": str(DATA_DIR),
+            # Its own slots, cgroups, VM directories and database: concurrent test runs on
+            # one host share only templates and artifacts.
+            "AENV_INSTANCE": os.environ.get("AENV_INSTANCE") or "e" + os.urandom(3).hex(),
             "AENV_API_KEY": API_KEY,
             "AENV_HOST": "127.0.0.1",
             "AENV_PORT": str(self.port),

@@ -102,7 +102,7 @@ class Runtime:
         self.driver = QemuDriver(
             binary=cfg.qemu_binary, accel=cfg.accel, probe_kernel=cfg.kernel_path,
             cache_dir=cfg.artifacts_dir, memory_overhead_mib=cfg.jail_memory_overhead_mib,
-            pids_max=cfg.jail_pids_max,
+            pids_max=cfg.jail_pids_max, jail_prefix=f"{cfg.instance}-",
         )
         self.snapshots = SnapshotStore(cfg.snapshots_dir)
         self.catalog = TemplateCatalog(cfg.templates_dir)
@@ -110,6 +110,7 @@ class Runtime:
             uid_for_index=lambda i: cfg.jail_uid_base + i,
             max_slots=min(cfg.max_slots, cfg.jail_uid_count),
             network=cfg.slot_network,
+            prefix=f"{cfg.instance}-",
         )
         self._machines: dict[str, Machine] = {}
 
@@ -119,7 +120,8 @@ class Runtime:
         for d in (self.cfg.artifacts_dir, self.cfg.templates_dir, self.cfg.snapshots_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.cfg.sandboxes_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
-        self.cfg.sandboxes_dir.chmod(0o711)
+        for d in (self.cfg.sandboxes_dir, self.cfg.sandboxes_dir.parent):
+            d.chmod(0o711)
         if self.driver.probe_kernel is None:
             # The KVM boot probe needs a guest kernel: the one set-up built, if any.
             built = self.cfg.artifacts_dir / "kernel" / kernel_cache_key() / "bzImage"
@@ -137,10 +139,12 @@ class Runtime:
         """Reclaim what an earlier node process left behind: jails (cgroups and their
         processes), VM directories and slots not named in `keep`."""
         reclaimed = []
-        for name in await asyncio.to_thread(list_groups):
-            if name not in keep and name not in self._machines:
-                await asyncio.to_thread(Cgroup(name).remove)
-                reclaimed.append(f"cgroup:{name}")
+        prefix = self.driver.jail_prefix
+        for group in await asyncio.to_thread(list_groups):
+            name = group.removeprefix(prefix)
+            if group.startswith(prefix) and name not in keep and name not in self._machines:
+                await asyncio.to_thread(Cgroup(group).remove)
+                reclaimed.append(f"cgroup:{group}")
         if self.cfg.sandboxes_dir.exists():
             for p in self.cfg.sandboxes_dir.iterdir():
                 if p.name not in keep and p.name not in self._machines:
@@ -149,6 +153,9 @@ class Runtime:
         reclaimed += await asyncio.to_thread(
             slot_pool.reclaim_orphans, self.slots.prefix, self.slots.owned())
         return reclaimed
+
+    def cgroup(self, name: str) -> Cgroup:
+        return Cgroup(self.driver.jail_prefix + name)
 
     def accel(self) -> str:
         return self.driver.accel().value

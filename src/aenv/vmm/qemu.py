@@ -136,13 +136,15 @@ class QemuDriver(Driver):
 
     def __init__(self, binary: str = "qemu-system-x86_64", accel: str = "auto",
                  probe_kernel: Path | None = None, cache_dir: Path | None = None,
-                 memory_overhead_mib: int = 384, pids_max: int = 256) -> None:
+                 memory_overhead_mib: int = 384, pids_max: int = 256,
+                 jail_prefix: str = "") -> None:
         self.binary = binary
         self.requested_accel = accel
         self.probe_kernel = probe_kernel
         self.cache_dir = cache_dir
         self.memory_overhead_mib = memory_overhead_mib
         self.pids_max = pids_max
+        self.jail_prefix = jail_prefix
         self._accel: Accel | None = None
 
     def check(self) -> None:
@@ -250,7 +252,7 @@ class QemuDriver(Driver):
                 run_in_netns, spec.net.netns_path, open_tap, spec.net.tap,
                 IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
         jspec = jail.JailSpec(
-            name=spec.workdir.name,
+            name=self.jail_prefix + spec.workdir.name,
             uid=spec.uid,
             limits=Limits(memory_bytes=mem_bytes, pids=self.pids_max,
                           cpus=float(spec.shape.vcpus)),

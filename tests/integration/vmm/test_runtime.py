@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from aenv.orchestrator.runtime_api import AgentInit, TemplateNotFound
-from aenv.vmm.cgroup import Cgroup
 from tests.support import envd_client
 
 pytestmark = pytest.mark.vm
@@ -33,7 +32,7 @@ def _assert_released(runtime, name: str, in_use_before: int, vmm_pid: int) -> No
     assert name not in runtime.machines()
     assert not Path(f"/proc/{vmm_pid}").exists(), "QEMU still running"
     assert not (runtime.cfg.sandboxes_dir / name).exists(), "VM directory left behind"
-    assert all(not d.exists() for d in Cgroup(name).dirs.values()), "cgroup left behind"
+    assert all(not d.exists() for d in runtime.cgroup(name).dirs.values()), "cgroup left"
     assert runtime.slots.in_use == in_use_before - 1, "slot not released"
 
 
@@ -150,4 +149,4 @@ async def test_qemu_dying_at_start_leaves_nothing(runtime, sandbox_id, tmp_path)
         runtime.driver.binary = real
     assert sandbox_id not in runtime.machines()
     assert not (runtime.cfg.sandboxes_dir / sandbox_id).exists()
-    assert all(not d.exists() for d in Cgroup(sandbox_id).dirs.values())
+    assert all(not d.exists() for d in runtime.cgroup(sandbox_id).dirs.values())
