@@ -1,6 +1,6 @@
 """A live node for the SDK: `aenv server` as a real subprocess on a free loopback port.
 
-It uses the node's real data directory ($AENV_E2E_DATA_DIR, default /var/lib/aenv, where
+It uses the node's real data directory ($AENV_DATA_DIR, default /var/lib/aenv, where
 `aenv setup` built the kernel and the `base` template) and a fixed API key, and exports
 E2B_API_URL = E2B_SANDBOX_URL = its origin and E2B_API_KEY for the unmodified `e2b` SDK.
 """
@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 API_KEY = "aenv-e2e-key"
-DATA_DIR = Path(os.environ.get("AENV_E2E_DATA_DIR", "/var/lib/aenv"))
+DATA_DIR = Path(os.environ.get("AENV_DATA_DIR", "/var/lib/aenv"))
 START_DEADLINE_S = 90
 STOP_DEADLINE_S = 60
 
