@@ -175,7 +175,7 @@ class QemuDriver(Driver):
             return Accel.KVM
         if self.requested_accel == "kvm":
             raise VmmError("accel=kvm was forced but a guest does not boot under KVM here")
-        log.info("KVM present but a guest did not boot under it: using TCG")
+        log.info("KVM is not usable for guests here: using TCG")
         return Accel.TCG
 
     def _kvm_boots(self) -> bool:
@@ -183,6 +183,7 @@ class QemuDriver(Driver):
         kernel's 'VFS: Unable to mount root' panic well inside the deadline. The answer is
         cached per host kernel + guest kernel."""
         if self.probe_kernel is None or not self.probe_kernel.exists():
+            log.info("no guest kernel to run the KVM boot probe with yet")
             return False
         st = self.probe_kernel.stat()
         key = f"{os.uname().release}:{socket.gethostname()}:{st.st_size}:{st.st_mtime_ns}"
