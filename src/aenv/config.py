@@ -58,9 +58,17 @@ class Config(BaseModel):
     slot_network: str = "198.18.0.0/15"
     max_slots: int = 4096
 
+    # Pre-spawned QEMUs waiting for an incoming restore, for the default template's shape:
+    # a create or resume then skips QEMU start-up. 0 disables the pool.
+    warm_pool_size: int = Field(2, ge=0, le=64)
     max_sandboxes: int = 64
     max_concurrent_boots: int = 4
+    # SIGTERM: "kill" ends every running sandbox; "pause" pauses them (resumable after a
+    # restart). Paused sandboxes stay paused either way.
     on_shutdown: Literal["pause", "kill"] = "kill"
+    # Space admission: create, resume, fork and snapshot need free space on the data
+    # filesystem >= RAM of the running sandboxes (their sparse RAM files may fill) + this.
+    disk_reserve_mib: int = Field(1024, ge=0)
     log_level: str = "info"
 
     # Which Runtime the node drives: "qemu" (real microVMs) or "fake" (no VMs; API tests only).
@@ -120,8 +128,10 @@ _SIMPLE_ENV = {
     "KERNEL_PATH": "kernel_path",
     "DEFAULT_TEMPLATE": "default_template",
     "MAX_SANDBOXES": "max_sandboxes",
+    "WARM_POOL_SIZE": "warm_pool_size",
     "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",
     "ON_SHUTDOWN": "on_shutdown",
+    "DISK_RESERVE_MIB": "disk_reserve_mib",
     "LOG_LEVEL": "log_level",
     "JAIL_UID_BASE": "jail_uid_base",
     "RUNTIME": "runtime",

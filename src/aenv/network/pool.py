@@ -158,6 +158,11 @@ class SlotPool:
         with self._lock:
             return {s.netns for s in (*self._in_use.values(), *self._idle)}
 
+    def holds(self, slot: Slot) -> bool:
+        """Whether slot is currently handed out (not idle, not destroyed)."""
+        with self._lock:
+            return self._in_use.get(slot.index) is slot
+
     @property
     def in_use(self) -> int:
         with self._lock:

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from aenv.orchestrator.runtime_api import (
     TemplateNotFound,
 )
 from aenv.storage import datafs
-from aenv.storage.files import clone, fsync_path, write_json_atomic
+from aenv.storage.files import clone, fsync_path, remove_tree, write_json_atomic
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.snapshots import (
     Manifest,
@@ -89,6 +88,7 @@ class Machine:
     slot: Slot
     workdir: Path
     template_id: str = ""
+    jail: str = ""  # the VM's cgroup/jail name (a pooled VM keeps its pool name)
     access_token: str | None = None  # the agent enforces it on everything but /health, /init
     # Connections to the agent live and die with this VM: a slot address is reused by the
     # next VM, and a kept-alive connection to the previous guest would hang.
@@ -113,6 +113,7 @@ class Runtime:
             prefix=f"{cfg.instance}-",
         )
         self._machines: dict[str, Machine] = {}
+        self._pool = WarmPool(self, cfg.warm_pool_size)
 
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
@@ -128,9 +129,15 @@ class Runtime:
             self.driver.probe_kernel = built if built.exists() else None
         await asyncio.to_thread(self.driver.check)
         self.snapshots.gc_staging()
+        try:
+            tpl = self.catalog.get(self.cfg.default_template)
+            self._pool.configure(self._pool_key(self.snapshots.get(tpl.snapshot_id)))
+        except (TemplateMissing, SnapshotNotFound, SnapshotCorrupt):
+            pass  # no default template yet (before `aenv setup`): no pool
         log.info("runtime ready: driver=%s accel=%s", self.driver.name, self.driver.accel())
 
     async def close(self) -> None:
+        await self._pool.close()
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
         self._machines.clear()
         await self.slots.close_async()
@@ -140,22 +147,24 @@ class Runtime:
         processes), VM directories and slots not named in `keep`."""
         reclaimed = []
         prefix = self.driver.jail_prefix
+        live = {m.jail for m in self._machines.values()} | self._pool.names()
         for group in await asyncio.to_thread(list_groups):
             name = group.removeprefix(prefix)
-            if group.startswith(prefix) and name not in keep and name not in self._machines:
+            if group.startswith(prefix) and name not in keep and name not in live:
                 await asyncio.to_thread(Cgroup(group).remove)
                 reclaimed.append(f"cgroup:{group}")
         if self.cfg.sandboxes_dir.exists():
             for p in self.cfg.sandboxes_dir.iterdir():
-                if p.name not in keep and p.name not in self._machines:
-                    shutil.rmtree(p, ignore_errors=True)
+                if p.name not in keep and p.name not in self._machines | live:
+                    remove_tree(p)
                     reclaimed.append(f"dir:{p.name}")
         reclaimed += await asyncio.to_thread(
             slot_pool.reclaim_orphans, self.slots.prefix, self.slots.owned())
         return reclaimed
 
     def cgroup(self, name: str) -> Cgroup:
-        return Cgroup(self.driver.jail_prefix + name)
+        m = self._machines.get(name)
+        return Cgroup(self.driver.jail_prefix + (m.jail if m else name))
 
     def accel(self) -> str:
         return self.driver.accel().value
@@ -187,7 +196,7 @@ class Runtime:
         try:
             if fresh:
                 if workdir.exists():
-                    shutil.rmtree(workdir)
+                    remove_tree(workdir)
                 workdir.mkdir(mode=0o700)
             os.chown(workdir, slot.tap_uid, slot.tap_uid)
         except BaseException:
@@ -222,7 +231,7 @@ class Runtime:
         except BaseException:
             await self._release(slot, workdir)
             raise
-        m = Machine(name, vm, slot, workdir, name)
+        m = Machine(name, vm, slot, workdir, name, jail=name)
         self._machines[name] = m
         try:
             await vm.boot()
@@ -238,31 +247,41 @@ class Runtime:
         except (SnapshotNotFound, SnapshotCorrupt) as e:
             raise TemplateNotFound(f"snapshot {snapshot_id} is not usable: {e}") from e
 
+    @staticmethod
+    def _pool_key(man: Manifest) -> tuple[object, ...]:
+        # The incoming side must match the source: shape, and the drives and kernel the
+        # guest has in use.
+        return (man.shape, man.kernel, man.tools, man.cmdline)
+
     async def restore(self, name: str, snapshot_id: str | None) -> Machine:
-        """Start a VM from a snapshot's files (cloned into its directory), or, with
-        snapshot_id None, from the state a pause left in the VM's own directory."""
+        """Start a VM from a snapshot's files, or, with snapshot_id None, from the state a
+        pause left in the VM's own directory. A pre-spawned QEMU from the warm pool is used
+        when one matches: the files are cloned into the ones it already has open."""
         man = self.paused_manifest(name) if snapshot_id is None else self._manifest(snapshot_id)
+        src_dir = self.cfg.sandboxes_dir / name if snapshot_id is None else self.snapshots.path(
+            snapshot_id)
+        warm = self._pool.take(self._pool_key(man))
+        if warm is not None:
+            return await self._restore_warm(name, man, src_dir, warm, paused=snapshot_id is None)
         slot, workdir = await self._prepare(name, fresh=snapshot_id is not None)
         spec = self._spec(slot, workdir, man.shape, Path(man.kernel), Path(man.tools),
                           man.cmdline)
-        state = workdir / "state" if snapshot_id is None else self.snapshots.file(
-            snapshot_id, "state")
         t0 = time.perf_counter()
         try:
             for f in ("memory", "disk"):
                 if snapshot_id is not None:
-                    clone(self.snapshots.file(snapshot_id, f), workdir / f)
+                    clone(src_dir / f, workdir / f)
                 self._own(workdir / f, slot.tap_uid)
             t1 = time.perf_counter()
             vm = await self.driver.spawn(spec, incoming=True)
         except BaseException:
             await self._release(slot, workdir if snapshot_id is not None else None)
             raise
-        m = Machine(name, vm, slot, workdir, man.template)
+        m = Machine(name, vm, slot, workdir, man.template, jail=name)
         self._machines[name] = m
         try:
             t2 = time.perf_counter()
-            await vm.restore(state)
+            await vm.restore(src_dir / "state")
             await vm.resume()
             t3 = time.perf_counter()
         except BaseException:
@@ -273,6 +292,35 @@ class Runtime:
             raise
         log.debug("restore %s: clone=%.1fms spawn=%.1fms load+cont=%.1fms", name,
                   (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        return m
+
+    async def _restore_warm(self, name: str, man: Manifest, src_dir: Path, warm: Machine,
+                            *, paused: bool) -> Machine:
+        t0 = time.perf_counter()
+        final = self.cfg.sandboxes_dir / name
+        try:
+            for f in ("memory", "disk"):
+                # FICLONE into the file the pooled QEMU has open (and mapped): its owner and
+                # mode stay the jail's.
+                await asyncio.to_thread(clone, src_dir / f, warm.workdir / f)
+            t1 = time.perf_counter()
+            await warm.vm.restore(src_dir / "state")
+            await warm.vm.resume()
+        except BaseException:
+            await self._destroy(warm)
+            raise
+        t2 = time.perf_counter()
+        # The sandbox's directory is now the pooled one, reached through a symlink named
+        # after the sandbox: QEMU reopens its drives by path (block (in)activation around
+        # migrations), so the real directory must keep its name. A paused sandbox's old
+        # files go.
+        await asyncio.to_thread(remove_tree, final)
+        final.symlink_to(warm.workdir.name)
+        m = Machine(name, warm.vm, warm.slot, final, man.template, jail=warm.jail,
+                    http=warm.http)
+        self._machines[name] = m
+        log.debug("restore %s (warm): clone=%.1fms load+cont=%.1fms", name,
+                  (t1 - t0) * 1e3, (t2 - t1) * 1e3)
         return m
 
     def _manifest_of(self, m: Machine, snapshot_id: str, parent: str | None = None,
@@ -409,7 +457,7 @@ class Runtime:
         if m is not None:
             await self._destroy(m)
         else:
-            await asyncio.to_thread(shutil.rmtree, self.cfg.sandboxes_dir / name, True)
+            await asyncio.to_thread(remove_tree, self.cfg.sandboxes_dir / name)
 
     async def _stop(self, m: Machine) -> None:
         """End the VMM and give back its slot, keeping its directory (pause)."""
@@ -421,11 +469,11 @@ class Runtime:
 
     async def _destroy(self, m: Machine) -> None:
         await self._stop(m)
-        await asyncio.to_thread(shutil.rmtree, m.workdir, True)
+        await asyncio.to_thread(remove_tree, m.workdir)
 
     async def _release(self, slot: Slot, workdir: Path | None) -> None:
         if workdir is not None:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+            await asyncio.to_thread(remove_tree, workdir)
         await self.slots.release_async(slot)
 
     # -- the sandbox API the orchestrator uses ------------------------------------------
@@ -484,3 +532,79 @@ class Runtime:
 
     def machines(self) -> dict[str, Machine]:
         return dict(self._machines)
+
+
+class WarmPool:
+    """Pre-spawned `-incoming defer` QEMUs, each with its slot and (sparse, empty) RAM and
+    disk files, for one machine key (the default template's): a restore then costs the
+    clone and the device-state load, not QEMU start-up. Refilled in the background."""
+
+    def __init__(self, rt: Runtime, size: int) -> None:
+        self.rt = rt
+        self.size = size
+        self.key: tuple[object, ...] | None = None
+        self._ready: list[Machine] = []
+        self._spawning = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def configure(self, key: tuple[object, ...]) -> None:
+        self.key = key
+        self._refill()
+
+    def names(self) -> set[str]:
+        return {m.name for m in self._ready}
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def take(self, key: tuple[object, ...]) -> Machine | None:
+        if key != self.key or not self._ready:
+            return None
+        m = self._ready.pop(0)
+        self._refill()
+        return m
+
+    def _refill(self) -> None:
+        if self._closed or self.key is None:
+            return
+        while len(self._ready) + self._spawning < self.size:
+            self._spawning += 1
+            t = asyncio.get_running_loop().create_task(self._spawn(self.key))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _spawn(self, key: tuple[object, ...]) -> None:
+        shape, kernel, tools, cmdline = key
+        assert isinstance(shape, MachineShape)
+        name = f"pool-{secrets.token_hex(4)}"
+        try:
+            slot, workdir = await self.rt._prepare(name)
+            spec = self.rt._spec(slot, workdir, shape, Path(str(kernel)), Path(str(tools)),
+                                 str(cmdline))
+            try:
+                for f, size in (("memory", shape.memory_mib), ("disk", shape.disk_mib)):
+                    with open(workdir / f, "wb") as fh:
+                        fh.truncate(size << 20)
+                    self.rt._own(workdir / f, slot.tap_uid)
+                vm = await self.rt.driver.spawn(spec, incoming=True)
+            except BaseException:
+                await self.rt._release(slot, workdir)
+                raise
+            m = Machine(name, vm, slot, workdir, "", jail=name)
+            if self._closed or key != self.key:
+                await self.rt._destroy(m)
+            else:
+                self._ready.append(m)
+        except Exception as e:  # a failed refill must not break the node; next take spawns
+            log.warning("warm pool: spawning a VMM failed: %s", e)
+        finally:
+            self._spawning -= 1
+
+    async def close(self) -> None:
+        self._closed = True
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        ready, self._ready = self._ready, []
+        await asyncio.gather(*(self.rt._destroy(m) for m in ready))

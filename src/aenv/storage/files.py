@@ -75,6 +75,16 @@ def write_json_atomic(path: Path, data: object) -> None:
     fsync_path(path.parent)
 
 
+def remove_tree(path: Path) -> None:
+    """Remove a directory, or a symlink to one together with its target."""
+    if path.is_symlink():
+        target = path.resolve()
+        path.unlink()
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def chown_tree(path: Path, uid: int, gid: int) -> None:
     os.chown(path, uid, gid)
     for root, dirs, files in os.walk(path):

@@ -28,12 +28,12 @@ def _status(pid: int) -> dict[str, str]:
     return out
 
 
-def _assert_released(runtime, name: str, in_use_before: int, vmm_pid: int) -> None:
+def _assert_released(runtime, name: str, slot, vmm_pid: int) -> None:
     assert name not in runtime.machines()
     assert not Path(f"/proc/{vmm_pid}").exists(), "QEMU still running"
     assert not (runtime.cfg.sandboxes_dir / name).exists(), "VM directory left behind"
     assert all(not d.exists() for d in runtime.cgroup(name).dirs.values()), "cgroup left"
-    assert runtime.slots.in_use == in_use_before - 1, "slot not released"
+    assert not runtime.slots.holds(slot), "slot not released"
 
 
 async def test_base_restores_and_runs_a_command(runtime, sandbox_id):
@@ -122,9 +122,9 @@ async def test_busybox_only_template_agent_answers(runtime, busybox_template, sa
 
 async def test_kill_releases_everything(runtime, sandbox_id):
     h = await runtime.create(sandbox_id, "base", AgentInit())
-    in_use = runtime.slots.in_use
+    slot = runtime.machines()[sandbox_id].slot
     await runtime.kill(h)
-    _assert_released(runtime, sandbox_id, in_use, h.vmm_pid)
+    _assert_released(runtime, sandbox_id, slot, h.vmm_pid)
     await runtime.kill(h)  # idempotent
 
 
@@ -135,7 +135,8 @@ async def test_unknown_template_is_a_clear_error(runtime, sandbox_id):
     assert not (runtime.cfg.sandboxes_dir / sandbox_id).exists()
 
 
-async def test_qemu_dying_at_start_leaves_nothing(runtime, sandbox_id, tmp_path):
+async def test_qemu_dying_at_start_leaves_nothing(runtime, sandbox_id, tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime._pool, "take", lambda key: None)  # force a fresh QEMU
     real = runtime.driver.binary
     fake = tmp_path / "qemu"
     fake.write_text("#!/bin/sh\necho 'qemu: simulated failure' >&2\nexit 1\n")
