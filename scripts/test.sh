@@ -11,5 +11,6 @@ phase lint     .venv/bin/ruff check src tests bench
 phase unit     pyt tests/unit
 phase vm       pyt tests/integration
 phase e2e      pyt tests/e2e
+phase cli      pyt tests/cli
 phase leaks    bash scripts/leak-check.sh
 phase_report "test phase"

@@ -1,4 +1,9 @@
-"""The `aenv` command line (typer). Each subcommand is a thin shell over a library call."""
+"""The `aenv` command line (typer). Each subcommand is a thin shell over an API or library call.
+
+Commands live in sibling modules (sandboxes, transfer, templates, snapshots, auth); this one
+wires them up. Heavy imports (the node, the runtime, the builder) happen inside the commands
+that need them, so `aenv ls` and shell completion start quickly.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,19 @@ from typing import Annotated
 import typer
 
 import aenv
-from aenv import config as aenv_config
-from aenv.cli.setup import setup
+from aenv.cli import completion, sandboxes, snapshots, templates, transfer
+from aenv.cli.auth import auth
+from aenv.cli.errors import AenvTyper
 
-app = typer.Typer(
+app = AenvTyper(
     name="aenv",
-    help="Self-hosted microVM sandboxes that speak the E2B API.",
+    help="Self-hosted microVM sandboxes that speak the E2B API.\n\n"
+    "IDs may be any unique prefix of a sandbox id. Connection: `aenv auth`, or AENV_URL and "
+    "AENV_API_KEY.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 ConfigOpt = Annotated[
@@ -25,15 +34,38 @@ ConfigOpt = Annotated[
 ]
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _main(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     if version:
         typer.echo(aenv.__version__)
         raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
 
 
+# --- sandboxes ------------------------------------------------------------------------------
+app.command("start")(sandboxes.start)
+app.command("ls")(sandboxes.ls)
+app.command("exec", context_settings={"allow_interspersed_args": False})(sandboxes.exec_)
+app.command("cn")(sandboxes.cn)
+app.command("pause")(sandboxes.pause)
+app.command("resume")(sandboxes.resume)
+app.command("rm")(sandboxes.rm)
+app.command("timeout")(sandboxes.timeout)
+app.command("fork")(sandboxes.fork)
+app.command("upload")(transfer.upload)
+app.command("download")(transfer.download)
+app.add_typer(snapshots.app, name="snapshot")
+app.add_typer(templates.app, name="template")
+app.command("auth")(auth)
+app.command("completion")(completion.completion)
+
+
+# --- the node -------------------------------------------------------------------------------
 @app.command()
 def server(
     host: Annotated[str | None, typer.Option(help="Listen address [env AENV_HOST]")] = None,
@@ -44,6 +76,7 @@ def server(
     config: ConfigOpt = None,
 ) -> None:
     """Run the node: E2B-compatible control plane and data-plane proxy on one origin."""
+    from aenv import config as aenv_config
     from aenv.api.server import run
     from aenv.orchestrator.factory import RuntimeUnavailable
 
@@ -56,9 +89,19 @@ def server(
     raise typer.Exit(code)
 
 
-# --- `aenv setup`: kernel, tools drive, templates (src/aenv/cli/setup.py) ------------------
-app.command()(setup)
-# ------------------------------------------------------------------------------------------
+# `aenv setup` lives in src/aenv/cli/setup.py; this wrapper only defers its (slow) imports.
+# tests/cli/test_cli_unit.py checks that the two signatures stay the same.
+@app.command()
+def setup(
+    template: list[str] = typer.Option(  # noqa: B008
+        ["base"], "--template", "-t", help="NAME[=RECIPE] to build (recipes: debian, busybox)"
+    ),
+    force: bool = typer.Option(False, help="rebuild templates even if up to date"),
+) -> None:
+    """Prepare this host: data filesystem, guest kernel, tools drive, templates."""
+    from aenv.cli.setup import setup as run_setup
+
+    run_setup(template=template, force=force)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,259 @@
+"""The sandbox's data plane (E2B's envd protocol) through the node, over plain httpx.
+
+Requests go to the node's origin with `E2b-Sandbox-Id`, `E2b-Sandbox-Port: 49983` and the
+sandbox's `X-Access-Token`; the node forwards them to the agent in the VM. RPCs are Connect
+over HTTP/1.1 with the JSON codec (e2b-compat.md section 4): unary calls are one JSON body
+each way; server streams are enveloped (1 flag byte, 4-byte big-endian length, JSON). Files
+move through `GET`/`POST /files` as raw bytes.
+
+The CLI speaks this itself rather than through the `e2b` SDK so that command output keeps its
+exact bytes (the SDK decodes stdout as UTF-8) and so the CLI needs no SDK at run time.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpx
+
+import aenv
+from aenv.cli.client import error_message, transport_error
+from aenv.cli.errors import CliError
+
+ENVD_PORT = 49983
+KEEPALIVE_S = 30  # asked of the agent on streams; a silent stream past STREAM_IDLE_S is dead
+STREAM_IDLE_S = 150.0
+UNARY_TIMEOUT_S = 60.0
+FLAG_END = 0x02
+
+
+class EnvdError(CliError):
+    """An error answered by the agent (`code` is the Connect code) or by the node's proxy."""
+
+    def __init__(self, message: str, code: str = "unknown", status: int = 0) -> None:
+        super().__init__(message)
+        self.connect_code = code
+        self.status = status
+
+
+class SandboxGone(EnvdError):
+    """The node has no running sandbox by that id (paused, killed or expired)."""
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def envelope(message: dict[str, Any], flags: int = 0) -> bytes:
+    payload = json.dumps(message, separators=(",", ":")).encode()
+    return struct.pack(">BI", flags, len(payload)) + payload
+
+
+class Envd:
+    def __init__(self, origin: str, sandbox_id: str, access_token: str | None) -> None:
+        self.sandbox_id = sandbox_id
+        self.origin = origin
+        headers = {
+            "E2b-Sandbox-Id": sandbox_id,
+            "E2b-Sandbox-Port": str(ENVD_PORT),
+            "User-Agent": f"aenv-cli/{aenv.__version__}",
+        }
+        if access_token:
+            headers["X-Access-Token"] = access_token
+        self.http = httpx.Client(
+            base_url=origin, headers=headers,
+            timeout=httpx.Timeout(UNARY_TIMEOUT_S, connect=5.0),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Envd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- errors -----------------------------------------------------------------------------
+
+    def _error(self, r: httpx.Response) -> EnvdError:
+        msg = error_message(r)
+        if r.status_code == 502 and "was not found" in msg:
+            return SandboxGone(f"sandbox {self.sandbox_id} is not running "
+                               "(paused, removed or timed out)", "unavailable", 502)  # fmt: skip
+        code = "unknown"
+        with contextlib.suppress(ValueError):
+            body = r.json()
+            if isinstance(body, dict) and isinstance(body.get("code"), str):
+                code = body["code"]
+        if r.status_code == 401:
+            msg = f"the sandbox refused its access token ({msg})"
+        return EnvdError(msg, code, r.status_code)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            raise transport_error(self.origin, e) from None
+
+    # --- Connect RPCs -----------------------------------------------------------------------
+
+    def unary(self, rpc: str, message: dict[str, Any]) -> dict[str, Any]:
+        r = self._send("POST", f"/{rpc}", json=message,
+                       headers={"Connect-Protocol-Version": "1"})  # fmt: skip
+        if r.status_code != 200:
+            raise self._error(r)
+        return r.json() if r.content else {}
+
+    @contextlib.contextmanager
+    def stream(self, rpc: str, message: dict[str, Any]) -> Iterator[Iterator[dict[str, Any]]]:
+        """A server stream: yields an iterator of its messages (the end-stream error raises)."""
+        headers = {
+            "Content-Type": "application/connect+json",
+            "Connect-Protocol-Version": "1",
+            "Keepalive-Ping-Interval": str(KEEPALIVE_S),
+        }
+        timeout = httpx.Timeout(UNARY_TIMEOUT_S, connect=5.0, read=STREAM_IDLE_S)
+        req = self.http.build_request("POST", f"/{rpc}", content=envelope(message),
+                                      headers=headers, timeout=timeout)  # fmt: skip
+        try:
+            r = self.http.send(req, stream=True)
+        except httpx.HTTPError as e:
+            raise transport_error(self.origin, e) from None
+        try:
+            if r.status_code != 200:
+                r.read()
+                raise self._error(r)
+            yield self._messages(r)
+        finally:
+            r.close()
+
+    def _messages(self, r: httpx.Response) -> Iterator[dict[str, Any]]:
+        buf = bytearray()
+        try:
+            for chunk in r.iter_raw():
+                buf += chunk
+                while len(buf) >= 5:
+                    flags, length = struct.unpack(">BI", bytes(buf[:5]))
+                    if len(buf) < 5 + length:
+                        break
+                    payload = bytes(buf[5:5 + length])
+                    del buf[:5 + length]
+                    msg = json.loads(payload) if payload else {}
+                    if flags & FLAG_END:
+                        err = msg.get("error")
+                        if err:
+                            raise EnvdError(str(err.get("message") or err.get("code")),
+                                            str(err.get("code", "unknown")))  # fmt: skip
+                        return
+                    yield msg
+        except httpx.HTTPError as e:
+            raise SandboxGone(f"lost the connection to sandbox {self.sandbox_id} "
+                              f"({type(e).__name__}): it was paused, removed or timed out, "
+                              "or the node stopped", "unavailable") from None  # fmt: skip
+        raise SandboxGone(f"the stream from sandbox {self.sandbox_id} ended early: it was "
+                          "paused, removed or timed out, or the node stopped",
+                          "unavailable")  # fmt: skip
+
+    # --- processes --------------------------------------------------------------------------
+
+    def start(self, cmd: str, args: list[str], *, envs: dict[str, str] | None = None,
+              cwd: str | None = None, pty: tuple[int, int] | None = None,
+              stdin: bool = False) -> contextlib.AbstractContextManager[Iterator[dict[str, Any]]]:
+        """process.Process/Start; `pty` is (cols, rows). Events: start, data, end, keepalive."""
+        process: dict[str, Any] = {"cmd": cmd, "args": args, "envs": envs or {}}
+        if cwd:
+            process["cwd"] = cwd
+        message: dict[str, Any] = {"process": process}
+        if pty is not None:
+            message["pty"] = {"size": {"cols": pty[0], "rows": pty[1]}}
+        if stdin:
+            message["stdin"] = True
+        return self.stream("process.Process/Start", message)
+
+    def send_input(self, pid: int, data: bytes, *, pty: bool = False) -> None:
+        self.unary("process.Process/SendInput", {
+            "process": {"pid": pid}, "input": {"pty" if pty else "stdin": b64(data)}})
+
+    def close_stdin(self, pid: int) -> None:
+        self.unary("process.Process/CloseStdin", {"process": {"pid": pid}})
+
+    def resize(self, pid: int, cols: int, rows: int) -> None:
+        self.unary("process.Process/Update", {
+            "process": {"pid": pid}, "pty": {"size": {"cols": cols, "rows": rows}}})
+
+    def signal(self, pid: int, name: str = "SIGKILL") -> bool:
+        try:
+            self.unary("process.Process/SendSignal",
+                       {"process": {"pid": pid}, "signal": f"SIGNAL_{name}"})  # fmt: skip
+        except EnvdError as e:
+            if e.connect_code == "not_found":
+                return False
+            raise
+        return True
+
+    # --- filesystem -------------------------------------------------------------------------
+
+    def stat(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.unary("filesystem.Filesystem/Stat", {"path": path}).get("entry", {})
+        except EnvdError as e:
+            if e.connect_code == "not_found":
+                return None
+            raise
+
+    def list_dir(self, path: str, depth: int = 1) -> list[dict[str, Any]]:
+        out = self.unary("filesystem.Filesystem/ListDir", {"path": path, "depth": depth})
+        return list(out.get("entries", []))
+
+    def make_dir(self, path: str) -> None:
+        try:
+            self.unary("filesystem.Filesystem/MakeDir", {"path": path})
+        except EnvdError as e:
+            if e.connect_code != "already_exists":
+                raise
+
+    @contextlib.contextmanager
+    def download(self, path: str) -> Iterator[httpx.Response]:
+        timeout = httpx.Timeout(UNARY_TIMEOUT_S, connect=5.0, read=STREAM_IDLE_S)
+        req = self.http.build_request("GET", "/files", params={"path": path}, timeout=timeout)
+        try:
+            r = self.http.send(req, stream=True)
+        except httpx.HTTPError as e:
+            raise transport_error(self.origin, e) from None
+        try:
+            if r.status_code != 200:
+                r.read()
+                raise self._error(r)
+            yield r
+        finally:
+            r.close()
+
+    def upload(self, path: str, chunks: Iterable[bytes]) -> None:
+        """Write `chunks` to `path` (parents are created), streamed as a chunked body."""
+        timeout = httpx.Timeout(UNARY_TIMEOUT_S, connect=5.0, write=STREAM_IDLE_S,
+                                read=STREAM_IDLE_S)  # fmt: skip
+        r = self._send("POST", "/files", params={"path": path}, content=chunks,
+                       headers={"Content-Type": "application/octet-stream"},
+                       timeout=timeout)  # fmt: skip
+        if r.status_code != 200:
+            raise self._error(r)
+
+
+def file_type(entry: dict[str, Any]) -> str:
+    """'file', 'dir' or 'other' from an EntryInfo (enum names or numbers)."""
+    t = entry.get("type")
+    if t in ("FILE_TYPE_DIRECTORY", 2):
+        return "dir"
+    if t in ("FILE_TYPE_FILE", 1):
+        return "file"
+    return "other"

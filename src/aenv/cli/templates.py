@@ -1,0 +1,248 @@
+"""`aenv template ls|rm|build`.
+
+`ls` goes through the node's API. `build` and `rm` are node-local admin commands (the API
+does not build or delete templates): they run as root on the node's host and work on the
+node's data directory directly, like `aenv setup` does; a running node sees the change at
+once. `build` uses `aenv.orchestrator.builder` with a runtime instance of its own, so it never
+touches the running node's VMs, slots or cgroups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from aenv.cli import completion, output
+from aenv.cli.client import Node
+from aenv.cli.errors import EXIT_ERROR, AenvTyper, CliError, say_error
+from aenv.cli.sandboxes import JsonOpt, parse_mib
+
+app = AenvTyper(help="List, remove and build templates.", no_args_is_help=True)
+
+TemplateNames = Annotated[
+    list[str], typer.Argument(help="Template names or ids.", metavar="NAME...",
+                              autocompletion=completion.template_names, show_default=False),
+]  # fmt: skip
+
+
+def ls(as_json: JsonOpt = None) -> None:
+    """List the node's templates."""
+    with Node() as node:
+        items = node.templates()
+    if output.want_json(as_json):
+        output.print_json(items)
+        return
+    rows = [
+        [
+            t.get("templateID", ""),
+            ",".join(a for a in t.get("aliases", []) if a != t.get("templateID")) or "-",
+            str(t.get("cpuCount", "")),
+            f"{t.get('memoryMB', '')} MiB",
+            f"{t.get('diskSizeMB', '')} MiB",
+            t.get("envdVersion", ""),
+            output.ago(t.get("createdAt")),
+            t.get("buildID", ""),
+        ]
+        for t in items
+    ]
+    output.print_table(
+        ["TEMPLATE", "ALIASES", "CPU", "MEMORY", "DISK", "ENVD", "BUILT", "BUILD ID"], rows
+    )
+
+
+def _require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise CliError(f"`aenv template {what}` runs on the node's host as root "
+                       "(it works on the node's data directory)")  # fmt: skip
+
+
+def rm(templates: TemplateNames) -> None:
+    """Remove templates from this host (root only). Sandboxes already started from them keep
+    running: they have their own copies of its files."""
+    _require_root("rm")
+    from aenv import config as node_config
+    from aenv.storage.snapshots import SnapshotNotFound, SnapshotStore
+    from aenv.storage.templates import TemplateCatalog, TemplateMissing
+
+    cfg = node_config.load()
+    catalog = TemplateCatalog(cfg.templates_dir)
+    store = SnapshotStore(cfg.snapshots_dir)
+    failed = False
+    for name in templates:
+        try:
+            t = catalog.get(name)
+        except TemplateMissing:
+            msg = f"no such template: {name} (see `aenv template ls`)"
+            if len(templates) == 1:
+                raise CliError(msg) from None
+            say_error(msg)
+            failed = True
+            continue
+        # Hidden from listings at once (dot names are skipped), then removed.
+        trash = cfg.templates_dir / f".rm-{name}-{secrets.token_hex(3)}"
+        os.replace(catalog.dir(name), trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        with contextlib.suppress(SnapshotNotFound):
+            store.delete(t.snapshot_id)
+        output.print_lines([name])
+    if failed:
+        raise typer.Exit(EXIT_ERROR)
+
+
+# --- build ------------------------------------------------------------------------------------
+
+
+def _progress() -> tuple[Callable[[str], None], Callable[[], None]]:
+    """A spinner with the current step on a terminal; timestamped lines otherwise."""
+    t0 = time.monotonic()
+    console = output.err()
+    if not console.is_terminal:
+        def say(msg: str) -> None:
+            print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+        return say, lambda: None
+    status = console.status("starting")
+    status.start()
+
+    def say_tty(msg: str) -> None:
+        console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {msg}", markup=True,
+                      highlight=False)  # fmt: skip
+        status.update(msg)
+
+    return say_tty, status.stop
+
+
+def _tree_fingerprint(root: Path) -> str:
+    """A cheap content key of a directory (paths, sizes, mtimes), for the rootfs cache."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath, name)
+            with contextlib.suppress(OSError):
+                st = p.lstat()
+                h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:12]
+
+
+def _extract_rootfs(tar: tarfile.TarFile, root: Path) -> None:
+    if hasattr(tarfile, "tar_filter"):  # Python >= 3.11.4
+        tar.extractall(root, filter="tar")
+        return
+    for m in tar.getmembers():
+        parts = Path(m.name).parts
+        if m.name.startswith("/") or ".." in parts:
+            raise CliError(f"unsafe path in the archive: {m.name}")
+        if m.islnk() and (m.linkname.startswith("/") or ".." in Path(m.linkname).parts):
+            raise CliError(f"unsafe hard link in the archive: {m.name} -> {m.linkname}")
+    tar.extractall(root)  # members checked above
+
+
+@contextlib.contextmanager
+def _source_tree(source: Path, scratch: Path) -> Iterator[tuple[Path, str]]:
+    """(a directory holding the rootfs, a cache tag for it) for a directory or a tarball."""
+    if source.is_dir():
+        yield source, f"dir-{_tree_fingerprint(source)}"
+        return
+    if not source.is_file() or not tarfile.is_tarfile(source):
+        raise CliError(f"--from {source}: not a directory or a tar archive")
+    h = hashlib.sha256()
+    with source.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=".aenv-rootfs-") as tmp:
+        root = Path(tmp, "root")
+        root.mkdir()
+        with tarfile.open(source) as tar:
+            # A rootfs needs devices, setuid bits and absolute symlinks: trust the archive
+            # (this runs as root on the admin's own file), but keep members inside `root`.
+            _extract_rootfs(tar, root)
+        yield root, f"tar-{h.hexdigest()[:12]}"
+
+
+def build(
+    name: Annotated[str, typer.Argument(help="Template name.")],
+    recipe: Annotated[str, typer.Option(
+        "--recipe", "-r", help="Built-in rootfs recipe: debian or busybox.")] = "debian",
+    source: Annotated[Path | None, typer.Option(
+        "--from", help="Build from this root filesystem: a directory or a tarball "
+        "(.tar, .tar.gz, ...) instead of a recipe.", show_default=False)] = None,
+    cpu: Annotated[int | None, typer.Option("--cpu", min=1, max=64,
+                                            help="vCPUs [default: the node's default shape]",
+                                            show_default=False)] = None,
+    memory: Annotated[str | None, typer.Option(
+        "--memory", "-m", help="Guest RAM: 512, 2G [default: the node's default shape]",
+        show_default=False)] = None,
+    disk: Annotated[str | None, typer.Option(
+        "--disk", help="Writable disk: 4096, 8G [default: the node's default shape]",
+        show_default=False)] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if up to date.")] = False,
+) -> None:
+    """Build a template on this host (root only; the node may be running)."""
+    _require_root("build")
+    if not name or "/" in name or name.startswith("."):
+        raise typer.BadParameter(f"{name!r} is not a valid template name", param_hint="NAME")
+    from aenv import config as node_config
+
+    cfg = node_config.load()
+    # A runtime instance of our own: the node's slots, cgroups and VM dirs stay untouched.
+    cfg = cfg.model_copy(update={"instance": "build" + secrets.token_hex(2)[:3]})
+    shape = cfg.default_shape.model_copy(update={
+        k: v for k, v in (("vcpus", cpu),
+                          ("memory_mib", parse_mib(memory) if memory else None),
+                          ("disk_mib", parse_mib(disk) if disk else None)) if v is not None
+    })  # fmt: skip
+    # The runtime's own warnings (e.g. slots other nodes hold) are not the user's business;
+    # failures reach them as exceptions.
+    logging.basicConfig(level=logging.ERROR, format="aenv: %(name)s: %(message)s")
+    say, stop = _progress()
+    try:
+        template = asyncio.run(_build(cfg, name, recipe, shape, source, force, say))
+    except KeyboardInterrupt:
+        raise CliError(f"interrupted: template {name} was not changed", 130) from None
+    finally:
+        stop()
+    output.print_lines([template.name])
+
+
+async def _build(cfg: Any, name: str, recipe: str, shape: Any, source: Path | None,
+                 force: bool, say: Callable[[str], None]) -> Any:
+    from aenv.orchestrator.builder import BuildError, build_template
+    from aenv.orchestrator.runtime import Runtime
+    from aenv.storage.datafs import DataFsError
+    from aenv.storage.kernel import KernelBuildError
+    from aenv.storage.rootfs import RootfsError
+    from aenv.vmm.base import VmmError
+
+    rt = Runtime(cfg)
+    try:
+        await rt.start()
+        if source is None:
+            return await build_template(rt, name, recipe, shape, progress=say, force=force)
+        with _source_tree(source.expanduser().resolve(), cfg.templates_dir) as (root, tag):
+            return await build_template(rt, name, tag, shape, progress=say, source=root,
+                                        force=force)  # fmt: skip
+    except (BuildError, KernelBuildError, RootfsError, DataFsError, VmmError) as e:
+        raise CliError(f"building {name} failed: {e}") from None
+    finally:
+        await rt.close()
+        shutil.rmtree(cfg.sandboxes_dir, ignore_errors=True)
+
+
+app.command("ls")(ls)
+app.command("rm")(rm)
+app.command("build")(build)
