@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
+import sys
 import threading
 from collections.abc import Generator
 from types import FrameType
@@ -72,11 +74,30 @@ def uvicorn_config(node: Node, config: Config) -> uvicorn.Config:
     )
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before anything starts, so a taken port is one clear error with nothing
+    (no VM, no slot) to undo."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def run(config: Config) -> int:
     configure_logging(config.log_level)
+    try:
+        sock = _listen(config.host, config.port)
+    except OSError as e:
+        print(f"aenv server: cannot listen on {config.host}:{config.port}: {e.strerror}",
+              file=sys.stderr)
+        return 1
     node = Node(config)
     server = _Server(uvicorn_config(node, config), node)
     log_event(log, "server.starting", host=config.host, port=config.port,
               data_dir=str(config.data_dir), runtime=config.runtime)  # fmt: skip
-    server.run()
+    server.run(sockets=[sock])
     return 0 if server.started else 1
