@@ -40,21 +40,28 @@ GROUP = "root:x:0:\nuser:x:1000:\nother:x:1001:\nnogroup:x:65534:\n"
 _SETUP = r"""
 set -eu
 mount --make-rprivate /
-mount -t tmpfs -o mode=1777,size="$AENVT_TMPFS_SIZE" aenvt-root /tmp
-R=/tmp/.aenvt
-mkdir -p "$R/etc" "$R/home/user" "$R/home/other" "$R/py/aenv"
+# The agent's view is staged on a tmpfs at /mnt first, with the repo's files bind-mounted
+# (not symlinked): the repo itself may live under /tmp, which a tmpfs hides next.
+mount -t tmpfs -o mode=0755,size="$AENVT_TMPFS_SIZE" aenvt-root /mnt
+R=/mnt/.aenvt
+mkdir -p "$R/etc" "$R/home/user" "$R/home/other" "$R/py/aenv/guest"
 printf '%s' "$AENVT_PASSWD" > "$R/etc/passwd"
 printf '%s' "$AENVT_GROUP" > "$R/etc/group"
 chown 1000:1000 "$R/home/user"
 chown 1001:1001 "$R/home/other"
+cp "$AENVT_REPO/src/aenv/__init__.py" "$R/py/aenv/__init__.py"
+mount --bind "$AENVT_REPO/src/aenv/guest" "$R/py/aenv/guest"
+for p in $AENVT_PACKAGES; do
+  t="$R/py/$(basename "$p")"
+  if [ -d "$p" ]; then mkdir "$t"; else : > "$t"; fi
+  mount --bind "$p" "$t"
+done
+mount -t tmpfs -o mode=1777,size="$AENVT_TMPFS_SIZE" aenvt-tmp /tmp
 mount --bind "$R/etc/passwd" /etc/passwd
 mount --bind "$R/etc/group" /etc/group
 mount --bind "$R/home" /home
 mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts
 mount --bind /dev/pts/ptmx /dev/ptmx
-cp "$AENVT_REPO/src/aenv/__init__.py" "$R/py/aenv/__init__.py"
-ln -s "$AENVT_REPO/src/aenv/guest" "$R/py/aenv/guest"
-for p in $AENVT_PACKAGES; do ln -s "$p" "$R/py/"; done
 hostname sandbox
 cd /
 exec env -i PATH="$AENVT_PATH" PYTHONPATH="$R/py" \

@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import json
 import secrets
+import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -63,6 +65,8 @@ async def _bench(n: int) -> None:
 
 
 def main() -> None:
+    # A plain SIGTERM would skip the cleanup and leave the VM running: exit through it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["bench"])
     ap.add_argument("--n", type=int, default=20)

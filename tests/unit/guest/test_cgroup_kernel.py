@@ -12,11 +12,10 @@ from aenv.guest.agent import cgroup, kernel
 
 def test_setup_user_cgroup_writes_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
-    (tmp_path / "cgroup.subtree_control").write_text("")
-    user = tmp_path / cgroup.USER_CGROUP
-    user.mkdir()
+    sandbox = tmp_path / cgroup.SANDBOX_CGROUP
+    sandbox.mkdir()
     for f in ("pids.max", "memory.max", "memory.swap.max"):
-        (user / f).write_text("max\n")
+        (sandbox / f).write_text("max\n")
     writes: list[tuple[str, str]] = []
     real_write = cgroup._write
 
@@ -26,14 +25,21 @@ def test_setup_user_cgroup_writes_limits(tmp_path: Path, monkeypatch: pytest.Mon
             real_write(path, value)
 
     monkeypatch.setattr(cgroup, "_write", record)
+    monkeypatch.setattr(cgroup.os, "setpriority", lambda *a: writes.append(("nice", str(a))))
     policy = cgroup.setup_user_cgroup(
         str(tmp_path), pids_max=123, memory_max=None, mem_total=1024 << 20
     )
-    assert policy.cgroup_procs == str(user / "cgroup.procs")
-    assert policy.oom_score_adj == cgroup.USER_OOM_SCORE_ADJ
-    assert (user / "pids.max").read_text() == "123"
-    assert int((user / "memory.max").read_text()) == (1024 - 128) << 20
+    assert policy.cgroup_procs == str(sandbox / "user" / "cgroup.procs")
+    assert policy.root_cgroup_procs == str(sandbox / "root" / "cgroup.procs")
+    assert policy.oom_score_adj == cgroup.USER_OOM_SCORE_ADJ and policy.nice == 0
+    assert (sandbox / "pids.max").read_text() == "123"
+    assert int((sandbox / "memory.max").read_text()) == (1024 - 128) << 20
+    assert (sandbox / "memory.swap.max").read_text() == "0"
+    for d in (tmp_path, sandbox):
+        assert (str(d / "cgroup.subtree_control"), "+pids") in writes
+        assert (str(d / "cgroup.subtree_control"), "+cpu") in writes
     assert ("/proc/self/oom_score_adj", "-1000") in writes
+    assert any(w[0] == "nice" for w in writes)
 
 
 def test_no_cgroup2_means_no_policy(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -193,3 +194,15 @@ async def test_files_roundtrip_in_process(app: AgentApp, tmp_path: Path) -> None
     assert r.headers["content-length"] == "9"
     r = await call(app, "GET", "/files", query=f"path={tmp_path}")
     assert r.status == 400 and r.json()["code"] == 400
+
+
+async def test_fifos_are_refused_without_blocking(app: AgentApp, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = await call(app, "GET", "/files", query=f"path={fifo}")
+    assert r.status == 400
+    r = await call(
+        app, "POST", "/files", b"x", {"Content-Type": "application/octet-stream"},
+        query=f"path={fifo}",
+    )  # fmt: skip
+    assert r.status == 400

@@ -131,7 +131,8 @@ class FilesEndpoint:
         user = _user(self.state, req)
         path = _resolve(req.query.get("path", ""), user, self.state)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: opening a FIFO must not block the event loop (it is refused below).
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             raise HTTPError(404, f"path '{path}' does not exist") from None
         except IsADirectoryError:
@@ -144,6 +145,8 @@ class FilesEndpoint:
             info = os.fstat(fd)
             if st.S_ISDIR(info.st_mode):
                 raise HTTPError(400, f"path '{path}' is a directory")
+            if not st.S_ISREG(info.st_mode):
+                raise HTTPError(400, f"path '{path}' is not a regular file")
             await self._stream_file(req, send, fd, path, info.st_size)
         finally:
             os.close(fd)
@@ -358,10 +361,14 @@ class _Upload:
         else:
             if st.S_ISDIR(info.st_mode):
                 raise HTTPError(400, f"path is a directory: {path}")
+            if not st.S_ISREG(info.st_mode):
+                raise HTTPError(400, f"path is not a regular file: {path}")
             existed = True
             chown(path, user)
         try:
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            # O_NONBLOCK: a FIFO that appeared meanwhile fails (ENXIO) instead of blocking.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+            self.fd = os.open(path, flags, 0o666)
         except IsADirectoryError:
             raise HTTPError(400, f"path is a directory: {path}") from None
         except OSError as e:

@@ -28,8 +28,6 @@ class AgentOptions:
     log_level: str = "warning"
     # uvicorn's HTTP/1.1 parser: "httptools" (C, faster) or "h11" (pure Python).
     http: str = "auto"
-    # Merge the writes of one event-loop tick into one send (fewer TCP segments).
-    coalesce_writes: bool = True
 
 
 def parse_args(argv: list[str] | None = None) -> AgentOptions:
@@ -58,7 +56,6 @@ def parse_args(argv: list[str] | None = None) -> AgentOptions:
     p.add_argument("--entropy-device", default="/dev/random")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto")
-    p.add_argument("--no-coalesce", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     return AgentOptions(
         host=ns.host,
@@ -71,5 +68,4 @@ def parse_args(argv: list[str] | None = None) -> AgentOptions:
         entropy_device=ns.entropy_device,
         log_level=ns.log_level,
         http=ns.http,
-        coalesce_writes=not ns.no_coalesce,
     )

@@ -30,6 +30,8 @@ STD_CHUNK = 32 * 1024
 PTY_CHUNK = 16 * 1024
 HIGH_WATER = 1024 * 1024
 LOW_WATER = 256 * 1024
+# At exit, read at most this much per stream (a pipe holds 64 KiB, at most 1 MiB if resized).
+EXIT_DRAIN_LIMIT = 1024 * 1024
 
 # Go's syscall.Signal.String() on Linux: ProcessState.String() says "signal: <this>".
 _GO_SIGNAL_NAMES = {
@@ -268,14 +270,17 @@ class Process:
             self._popen.returncode = os.waitstatus_to_exitcode(status)  # type: ignore[attr-defined]
         # What the process wrote before exiting is already in the pipe (or the PTY's
         # buffer, which a read flushes); take it all regardless of back-pressure.
+        # Bounded: a surviving background child may keep writing into the same pipe.
         for fd, kind in list(self._outputs.items()):
-            while True:
+            left = EXIT_DRAIN_LIMIT
+            while left > 0:
                 try:
                     data = self._read(fd, kind)
                 except OSError:
                     data = b""
                 if not data:
                     break
+                left -= len(data)
                 self._publish(kind, data)
             self._close_output(fd)
         self._finish()

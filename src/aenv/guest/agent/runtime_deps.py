@@ -12,8 +12,9 @@ interpreter and fails if it needs anything not listed here.
 - ``pyqwest``: imported at module level by ``connectrpc``'s protocol code even on the
   server side (an abi3 manylinux_2_28 wheel).
 - ``typing_extensions``: imported by protobuf-py.
-- ``uvicorn`` + ``h11`` + ``click``: the HTTP/1.1 server (pure Python; uvicorn imports click
-  in its config module).
+- ``uvicorn`` + ``httptools`` + ``h11`` + ``click``: the HTTP/1.1 server. httptools is its
+  C parser (a cp311 manylinux2014 wheel), h11 the pure-Python fallback (``--http h11``);
+  uvicorn imports click in its config module.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import socket
 
 from .app import AgentApp
 from .cgroup import setup_user_cgroup
-from .coalesce import coalescing
 from .metrics import memory
 from .options import AgentOptions
 from .processes import ProcessTable
@@ -48,22 +47,13 @@ def http_impl(choice: str) -> str:
     return "httptools"
 
 
-def protocol_class(impl: str, coalesce: bool) -> type:
-    """uvicorn's HTTP/1.1 protocol for ``impl``, with coalesced writes if asked."""
-    if impl == "httptools":
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
-    else:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
-    return coalescing(base) if coalesce else base
-
-
 def make_server(app: object, options: AgentOptions):  # type: ignore[no-untyped-def]
     """The uvicorn server (HTTP/1.1, no lifespan, no access log), loaded."""
     import uvicorn
 
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
-        http=protocol_class(http_impl(options.http), options.coalesce_writes),
+        http=http_impl(options.http),
         ws="none",
         lifespan="off",
         interface="asgi3",

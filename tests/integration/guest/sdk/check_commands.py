@@ -164,3 +164,14 @@ def test_signal_exit_status_for_sigterm_and_self_kill(sbx: Sandbox) -> None:
     with pytest.raises(CommandExitException) as ei:
         sbx.commands.run("kill -TERM $$")
     assert (ei.value.exit_code, ei.value.error) == (-1, "signal: terminated")
+
+
+def test_background_writer_holding_the_pipe_does_not_stall_the_end(sbx: Sandbox) -> None:
+    # `yes` inherits stdout and keeps writing after bash exits: the end must still come.
+    t0 = time.monotonic()
+    try:
+        r = sbx.commands.run("yes & sleep 0.2", timeout=30)
+        assert r.exit_code == 0 and r.stdout.startswith("y\n")
+        assert time.monotonic() - t0 < 10
+    finally:
+        assert sbx.commands.run("pkill -x yes; echo ok", user="root").stdout == "ok\n"
