@@ -7,6 +7,7 @@ E2B_API_URL = E2B_SANDBOX_URL = its origin and E2B_API_KEY for the unmodified `e
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -50,9 +51,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def qemu_pids() -> set[int]:
-    """QEMU processes running a sandbox of this data directory (others' QEMUs don't count)."""
-    marker = str(DATA_DIR / "sandboxes").encode()
+def qemu_pids(instance: str | None = None) -> set[int]:
+    """QEMU processes running a sandbox of this data directory (others' QEMUs don't count);
+    with `instance`, only that node instance's (other nodes on the host may be booting)."""
+    marker = str(DATA_DIR / "sandboxes" / (instance or "")).rstrip("/").encode()
+    marker += b"/" if instance else b""
     pids = set()
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -74,6 +77,7 @@ class NodeProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. AENV_MAX_SANDBOXES
 
     @property
     def origin(self) -> str:
@@ -91,6 +95,7 @@ class NodeProcess:
             "AENV_PORT": str(self.port),
             "AENV_LOG_LEVEL": os.environ.get("AENV_E2E_LOG_LEVEL", "debug"),
             "AENV_TTL_SWEEP_INTERVAL_S": "0.25",
+            **self.extra_env,
         }
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
@@ -141,11 +146,10 @@ def require_base_template(node: NodeProcess) -> None:
         pytest.fail(f"no `base` template under {DATA_DIR}: run `aenv setup` first")
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    """A node for this module, with the SDK's env pointed at it; checked for leaks after."""
-    qemu_before = qemu_pids()
-    n = NodeProcess(free_port(), tmp_path_factory.mktemp("node") / "server.log")
+@contextlib.contextmanager
+def running_node(log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
+    """A node with the SDK's env pointed at it; checked for leaks after (sandboxes, QEMUs)."""
+    n = NodeProcess(free_port(), log_dir / "server.log", extra_env=extra_env)
     n.start()
     saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
     os.environ.update(E2B_API_URL=n.origin, E2B_SANDBOX_URL=n.origin, E2B_API_KEY=API_KEY)
@@ -164,5 +168,12 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
         code = n.stop() if n.proc and n.proc.poll() is None else n.proc.returncode
         print(n.tail(200))
     assert code == 0, f"aenv server exit code {code}"
-    leaked = qemu_pids() - qemu_before
+    leaked = qemu_pids(n.env["AENV_INSTANCE"])
     assert not leaked, f"QEMU processes left after the node stopped: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node for this module, with the SDK's env pointed at it; checked for leaks after."""
+    with running_node(tmp_path_factory.mktemp("node")) as n:
+        yield n

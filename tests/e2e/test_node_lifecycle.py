@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -15,24 +16,27 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 def _node(tmp_path: Path, name: str) -> NodeProcess:
-    n = NodeProcess(free_port(), tmp_path / f"{name}.log")
+    # One node instance per test: the second node must find (and reclaim) what the first
+    # left, its database, VM directories, jails and warm-pool VMMs included.
+    instance = "e" + (str(abs(hash(tmp_path)))[:6])
+    n = NodeProcess(free_port(), tmp_path / f"{name}.log",
+                    extra_env={"AENV_INSTANCE": os.environ.get("AENV_INSTANCE") or instance})
     n.start()
     return n
 
 
 def test_sigterm_kills_running_sandboxes_and_exits_0(tmp_path: Path) -> None:
-    before = qemu_pids()
     a = _node(tmp_path, "a")
     try:
         require_base_template(a)
         with a.api() as c:
             ids = [c.post("/v2/sandboxes", json={"templateID": "base"}).json()["sandboxID"]
                    for _ in range(2)]  # fmt: skip
-            assert qemu_pids() - before, "no QEMU process while sandboxes run"
+            assert qemu_pids(a.env["AENV_INSTANCE"]), "no QEMU process while sandboxes run"
     finally:
         code = a.stop()
     assert code == 0, a.tail()
-    assert not (qemu_pids() - before), a.tail()
+    assert not qemu_pids(a.env["AENV_INSTANCE"]), a.tail()
     b = _node(tmp_path, "b")
     try:
         with b.api() as c:
@@ -44,7 +48,6 @@ def test_sigterm_kills_running_sandboxes_and_exits_0(tmp_path: Path) -> None:
 
 
 def test_kill_9_in_the_middle_of_a_create_leaks_nothing(tmp_path: Path) -> None:
-    before = qemu_pids()
     a = _node(tmp_path, "a")
     require_base_template(a)
     result: list[object] = []
@@ -70,4 +73,4 @@ def test_kill_9_in_the_middle_of_a_create_leaks_nothing(tmp_path: Path) -> None:
             assert c.delete(f"/sandboxes/{sid}").status_code == 204
     finally:
         assert b.stop() == 0, b.tail()
-    assert not (qemu_pids() - before), b.tail()
+    assert not qemu_pids(b.env["AENV_INSTANCE"]), b.tail()

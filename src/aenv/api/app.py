@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 import aenv
-from aenv.api import errors, sandboxes, system, templates
+from aenv.api import errors, sandboxes, snapshots, system, templates
 from aenv.api.auth import resolve_api_key
 from aenv.api.proxy import DataPlaneProxy, send_json
 from aenv.config import Config
@@ -46,6 +46,7 @@ def build_api(node: Node) -> FastAPI:
     errors.install(api)
     api.include_router(system.router)
     api.include_router(sandboxes.router)
+    api.include_router(snapshots.router)
     api.include_router(templates.router)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
     return api
@@ -74,7 +75,8 @@ class Node:
         self.runtime = runtime if runtime is not None else make_runtime(config)
         self.api_key = resolve_api_key(config)
         self.orchestrator = Orchestrator(config, self.runtime)
-        self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain)
+        self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain,
+                                    resolve=self.orchestrator.route_for_paused)  # fmt: skip
         self.api = build_api(self)
         self._started = False
 

@@ -51,6 +51,30 @@ class ConnectSandbox(_Body):
     memory: StrictBool | None = None
 
 
+class SandboxPauseRequest(_Body):
+    memory: StrictBool | None = Field(
+        None, description="false: E2B's filesystem-only pause; served as a full pause")
+    requireHealthyGuest: StrictBool | None = None
+
+
+class ResumedSandbox(_Body):
+    """v1 `POST /sandboxes/{id}/resume`."""
+
+    timeout: Seconds | None = None
+    autoPause: StrictBool | None = None
+
+
+class SandboxSnapshotRequest(_Body):
+    name: StrictStr | None = None
+    memory: StrictBool | None = Field(
+        None, description="false: E2B's filesystem-only snapshot; served as a full snapshot")
+
+
+class SandboxForkRequest(_Body):
+    timeout: Seconds | None = None
+    count: StrictInt | None = Field(None, description="1-20, default 1")
+
+
 class SandboxTimeout(_Body):
     timeout: Seconds
 
@@ -100,6 +124,19 @@ class SandboxDetail(ListedSandbox):
     domain: str | None = None
     allowInternetAccess: bool | None = None
     lifecycle: Lifecycle
+    pauseMode: Literal["full", "filesystem"] | None = None
+
+
+class SnapshotInfo(BaseModel):
+    snapshotID: str
+    names: list[str]
+
+
+class SandboxForkResult(BaseModel):
+    """Exactly one of the two."""
+
+    sandbox: Sandbox | None = None
+    error: Error | None = None
 
 
 class SandboxMetric(BaseModel):

@@ -8,11 +8,13 @@ A request is data plane when it names a sandbox, in this order:
 4. `/files` with a `signature` query parameter and none of the above: the running sandbox
    whose access token verifies the signature (e2b-compat.md 6.2).
 
-Bodies stream both ways through one shared keep-alive `httpx.AsyncClient`; nothing is
-buffered. Hop-by-hop and routing headers are stripped. An unknown, paused or dead sandbox
-gets 502 "was not found". For a sandbox with an access token, requests to the agent port must
-carry `X-Access-Token` (except `GET /health`, and `/files` with a valid signature). Killing a
-sandbox aborts its open exchanges: the client sees the connection drop.
+Bodies stream both ways through a lean keep-alive HTTP/1.1 client (`upstream.py`, a pool
+per upstream address); nothing is buffered. Hop-by-hop and routing headers are stripped. An
+unknown, paused or dead sandbox gets 502 "was not found", except a paused one created with
+`autoResume`: the request resumes it (`resolve`) and then goes through. For a sandbox with
+an access token, requests to the agent port must carry `X-Access-Token` (except
+`GET /health`, and `/files` with a valid signature). Killing a sandbox aborts its open
+exchanges: the client sees the connection drop.
 
 Not yet: WebSocket upgrades (answered with a close), HTTP/2.
 """
@@ -26,12 +28,12 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-import httpx
-
+from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool
 from aenv.orchestrator.obs import PROXY_OPEN, PROXY_REQUESTS
 from aenv.orchestrator.routes import Route, RouteTable
 from aenv.orchestrator.runtime_api import AGENT_PORT
@@ -55,8 +57,6 @@ _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
 UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
 )
-# Upstream connect deadline: a running agent accepts at once; longer means the port is closed.
-CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -134,27 +134,22 @@ def not_found_body(sandbox_id: str) -> dict[str, Any]:
 
 class DataPlaneProxy:
     def __init__(
-        self, routes: RouteTable, domain: str | None = None, agent_port: int = AGENT_PORT
+        self, routes: RouteTable, domain: str | None = None, agent_port: int = AGENT_PORT,
+        resolve: Callable[[str], Awaitable[Route | None]] | None = None,
     ) -> None:
         self.routes = routes
+        # Called for a sandbox with no route (e.g. paused): a route to use, or None for 502.
+        self.resolve = resolve
         self.domain = domain.lower().encode() if domain else None
         self.agent_port = agent_port
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=None, pool=None),
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=4096, keepalive_expiry=30
-            ),
-            trust_env=False,
-            follow_redirects=False,
-        )
-        self._closers: set[asyncio.Task[None]] = set()
+        self.upstream = UpstreamPool()
         routes.on_remove.append(self._forget)
         uv = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _UvicornAbortFilter) for f in uv.filters):
             uv.addFilter(_UvicornAbortFilter())
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.upstream.aclose()
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -216,17 +211,7 @@ class DataPlaneProxy:
 
     def _forget(self, route: Route) -> None:
         """Drop idle pooled connections to a removed sandbox's slot: the address is reused."""
-        pool = getattr(getattr(self.client, "_transport", None), "_pool", None)
-        conns = getattr(pool, "connections", None)
-        if not conns:
-            return
-        host = route.handle.slot_addr.encode()
-        for conn in list(conns):
-            origin = getattr(getattr(conn, "_origin", None), "host", None)
-            if origin == host and conn.is_idle():
-                task = asyncio.get_running_loop().create_task(conn.aclose())
-                self._closers.add(task)
-                task.add_done_callback(self._closers.discard)
+        self.upstream.forget_host(route.handle.slot_addr)
 
     # -- exchange --------------------------------------------------------------------------
 
@@ -249,6 +234,8 @@ class DataPlaneProxy:
                 return
         else:
             route = self.routes.get(target.sandbox_id)
+            if route is None and self.resolve is not None:
+                route = await self.resolve(target.sandbox_id)
             if route is None:
                 PROXY_REQUESTS.labels("not_found").inc()
                 await send_json(send, 502, not_found_body(target.sandbox_id))
@@ -284,27 +271,33 @@ class DataPlaneProxy:
         self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: _Exchange
     ) -> None:
         headers: list[tuple[bytes, bytes]] = []
-        has_body = False
+        length: bytes | None = None
+        chunked = False
         conn_listed: set[bytes] = set()
         for k, v in scope["headers"]:
             if k == b"connection":
                 conn_listed.update(t.strip().lower() for t in v.split(b","))
-            elif k in (b"content-length", b"transfer-encoding"):
-                has_body = has_body or (k != b"content-length" or v.strip() != b"0")
+            elif k == b"content-length":
+                length = v.strip()
+            elif k == b"transfer-encoding":
+                chunked = True
+        has_body = chunked or (length is not None and length != b"0")
         for k, v in scope["headers"]:
-            if k in _HOP_BY_HOP or k in _ROUTING or k in conn_listed:
+            if k in _HOP_BY_HOP or k in _ROUTING or k in conn_listed or k == b"content-length":
                 continue
             headers.append((k, v))
+        if length is not None and not has_body:
+            headers.append((b"content-length", length))
+        if chunked:
+            length = None  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
         qs = scope.get("query_string", b"")
-        url = f"http://{route.handle.slot_addr}:{target.port}".encode() + target.raw_path
-        if qs:
-            url += b"?" + qs
-        content = _body(receive) if has_body else None
-        request = httpx.Request(scope["method"], url.decode("latin-1"), headers=headers,
-                                content=content)  # fmt: skip
+        path = target.raw_path + b"?" + qs if qs else target.raw_path
         try:
-            response = await self.client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout):
+            response = await self.upstream.request(
+                scope["method"], route.handle.slot_addr, target.port, path, headers,
+                body=_body(receive) if has_body else None, content_length=length,
+            )  # fmt: skip
+        except ConnectFailed:
             PROXY_REQUESTS.labels("port_closed").inc()
             await send_json(send, 502, {
                 "code": 502, "message": "The sandbox is running but port is not open",
@@ -314,33 +307,33 @@ class DataPlaneProxy:
         except _ClientGone:
             PROXY_REQUESTS.labels("client_gone").inc()
             return
-        except httpx.HTTPError as e:
+        except UpstreamError as e:
             PROXY_REQUESTS.labels("upstream_error").inc()
-            await send_json(send, 502, {"code": 502, "message": f"upstream error: {e!r}"})
+            await send_json(send, 502, {"code": 502, "message": f"upstream error: {e}"})
             return
         watcher: asyncio.Task[None] | None = None
         PROXY_OPEN.inc()
         try:
-            out = [(k, v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_DROP]
-            await send({"type": "http.response.start", "status": response.status_code,
+            out = [(k, v) for k, v in response.headers if k.lower() not in _RESPONSE_DROP]
+            await send({"type": "http.response.start", "status": response.status,
                         "headers": out})  # fmt: skip
             ex.response_started = True
-            if "content-length" not in response.headers:
+            if not response.has_length:
                 # A stream: notice a client that goes away, or it would pin the upstream.
                 watcher = asyncio.create_task(_watch_disconnect(receive, ex))
             try:
-                async for chunk in response.aiter_raw():
+                async for chunk in response.body():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as e:
+            except UpstreamError as e:
                 PROXY_REQUESTS.labels("upstream_broken").inc()
-                raise _Aborted(f"upstream broke: {e!r}") from None
+                raise _Aborted(f"upstream broke: {e}") from None
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             PROXY_REQUESTS.labels("ok").inc()
         finally:
             PROXY_OPEN.dec()
             if watcher is not None:
                 watcher.cancel()
-            await asyncio.shield(response.aclose())
+            await response.aclose()
 
 
 class _ClientGone(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from aenv.api import query
 from aenv.api.auth import require_api_key
@@ -15,9 +16,13 @@ from aenv.api.models import (
     Lifecycle,
     ListedSandbox,
     NewSandbox,
+    ResumedSandbox,
     Sandbox,
     SandboxDetail,
+    SandboxForkRequest,
+    SandboxForkResult,
     SandboxMetric,
+    SandboxPauseRequest,
     SandboxRefresh,
     SandboxTimeout,
 )
@@ -28,11 +33,12 @@ from aenv.orchestrator.store import ListQuery, SandboxRecord
 
 V2_CREATE_TIMEOUT_S = 300
 V1_CREATE_TIMEOUT_S = 15
+V1_RESUME_TIMEOUT_S = 15
 CONNECT_TIMEOUT_S = 300
 MAX_PAGE = 100
 
 _errors: dict[int | str, dict[str, object]] = {
-    s: {"model": Error} for s in (400, 401, 404, 409, 429, 500)
+    s: {"model": Error} for s in (400, 401, 404, 409, 429, 500, 507)
 }
 router = APIRouter(dependencies=[Depends(require_api_key)], responses=_errors)
 
@@ -81,6 +87,8 @@ def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
             onTimeout="pause" if rec.auto_pause else "kill", autoResume=rec.auto_resume
         ),
     }
+    if PUBLIC_STATE[rec.state] == "paused":
+        fields["pauseMode"] = "full"  # filesystem-only requests are served as full pauses
     if rec.access_token is not None:
         fields["envdAccessToken"] = rec.access_token
     return SandboxDetail(**fields)
@@ -269,22 +277,47 @@ async def sandbox_metrics(
     ]
 
 
-def _not_yet(what: str):  # type: ignore[no-untyped-def]
-    async def handler(request: Request, sandbox_id: str) -> Response:
-        _orch(request).get(sandbox_id)  # 404 first for an unknown id
-        raise ApiError(501, f"{what} is not supported by this node yet")
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204, response_class=Response,
+             responses={409: {"model": Error, "description": "already paused"}})
+async def pause_sandbox(
+    request: Request, sandbox_id: str,
+    body: Annotated[SandboxPauseRequest | None, Body()] = None,
+) -> Response:
+    """Pause: processes, memory and files are kept on disk; no CPU, RAM or slot is held.
+    `memory: false` (filesystem-only) is served as a full pause."""
+    await _orch(request).pause(sandbox_id)
+    return Response(status_code=204)
 
-    return handler
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201,
+             response_model_exclude_unset=True)
+async def resume_sandbox(
+    request: Request, sandbox_id: str, body: Annotated[ResumedSandbox | None, Body()] = None,
+) -> Sandbox:
+    """v1 resume: paused -> running with endAt = now + timeout (default 15 s); 409 if it is
+    running."""
+    timeout = body.timeout if body and body.timeout is not None else V1_RESUME_TIMEOUT_S
+    rec = await _orch(request).resume(sandbox_id, timeout, body.autoPause if body else None)
+    return _sandbox(request, rec)
 
 
-for _path, _what in (
-    ("/sandboxes/{sandbox_id}/pause", "pause"),
-    ("/sandboxes/{sandbox_id}/resume", "resume"),
-    ("/sandboxes/{sandbox_id}/fork", "fork"),
-    ("/sandboxes/{sandbox_id}/snapshots", "snapshots"),
-):
-    router.add_api_route(
-        _path, _not_yet(_what), methods=["POST"], status_code=501,
-        response_class=Response, summary=f"{_what} (not supported yet: 501)",
-        responses={501: {"model": Error}},
-    )  # fmt: skip
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201,
+             responses={201: {"model": list[SandboxForkResult]}})
+async def fork_sandbox(
+    request: Request, sandbox_id: str,
+    body: Annotated[SandboxForkRequest | None, Body()] = None,
+) -> JSONResponse:
+    """Fork a running sandbox into `count` children (default 1, at most 20); the source keeps
+    running. One `{sandbox}` or `{error}` per child; children over the node's sandbox limit
+    get `{error: {code: 429}}`."""
+    count = body.count if body and body.count is not None else 1
+    results = await _orch(request).fork(sandbox_id, count, body.timeout if body else None)
+    out: list[dict[str, object]] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            status = int(getattr(r, "status", 500))
+            out.append({"error": {"code": status, "message": str(r) or type(r).__name__}})
+        else:
+            out.append({"sandbox": _sandbox(request, r).model_dump(exclude_unset=True)})
+    return JSONResponse(out, status_code=201)
+

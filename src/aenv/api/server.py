@@ -1,7 +1,8 @@
 """Run a node under uvicorn with aenv's shutdown sequence.
 
 SIGTERM/SIGINT: stop accepting connections and creates, end open data-plane streams, give
-in-flight requests `shutdown_grace_s`, then end every VM (runtime.close) and exit 0.
+in-flight requests `shutdown_grace_s`, then (with on_shutdown = "pause") pause every running
+sandbox, end every remaining VM (runtime.close) and exit 0.
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ def uvicorn_config(node: Node, config: Config) -> uvicorn.Config:
 def _listen(host: str, port: int) -> socket.socket:
     """Bind before anything starts, so a taken port is one clear error with nothing
     (no VM, no slot) to undo."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
+    # (a proto of 0 leaves Nagle on: +40 ms on every keep-alive response).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)  # fmt: skip
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

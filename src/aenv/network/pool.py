@@ -154,9 +154,11 @@ class SlotPool:
         raise SlotPoolExhausted(f"no free network slot (max_slots={self.max_slots})")
 
     def owned(self) -> set[str]:
-        """Namespace names this pool holds (in use or idle): the keep set for a census."""
+        """Namespace names this pool holds (in use, idle, or being created or destroyed):
+        the keep set for a census (a warm pool may be creating slots while it runs)."""
         with self._lock:
-            return {s.netns for s in (*self._in_use.values(), *self._idle)}
+            return {s.netns for s in (*self._in_use.values(), *self._idle)} | {
+                self.naming.netns(i) for i in self._busy}
 
     def holds(self, slot: Slot) -> bool:
         """Whether slot is currently handed out (not idle, not destroyed)."""

@@ -6,6 +6,7 @@
     ├── Unsupported                   (400) a valid E2B option this node cannot honour yet
     ├── StateConflict                 (409) the sandbox is not in a state the call accepts
     ├── CapacityExhausted             (429) over max_sandboxes / max_concurrent_boots; retry later
+    ├── SpaceExhausted                (507) the data filesystem lacks room for the reserve
     └── ShuttingDown                  (503) the node stopped accepting work
 
 Runtime failures (`aenv.orchestrator.runtime_api.RuntimeError_` and subclasses) pass through
@@ -50,6 +51,10 @@ class CapacityExhausted(OrchestratorError):
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class SpaceExhausted(OrchestratorError):
+    status = 507
 
 
 class ShuttingDown(OrchestratorError):

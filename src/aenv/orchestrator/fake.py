@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from datetime import UTC, datetime
 
 from aenv.config import MachineShape
 from aenv.orchestrator.runtime_api import (
     AgentInit,
     RuntimeError_,
     SandboxHandle,
+    SnapshotInfo,
     TemplateInfo,
     TemplateNotFound,
 )
@@ -44,9 +46,13 @@ class FakeRuntime:
         self.slot_addr = slot_addr
         self.boot_delay_s = boot_delay_s
         self.live: dict[str, SandboxHandle] = {}
+        self.paused: dict[str, SandboxHandle] = {}  # "files on disk": survives nothing here
+        self.snapshots: dict[str, SnapshotInfo] = {}
         self.inits: dict[str, AgentInit] = {}
         self.killed: list[str] = []
         self.fail_next_create: Exception | None = None
+        self.fail_next_pause: Exception | None = None
+        self.fail_next_resume: Exception | None = None
         self.started = False
         self.closed = False
 
@@ -74,7 +80,12 @@ class FakeRuntime:
         init: AgentInit,
         shape: MachineShape | None = None,
     ) -> SandboxHandle:
-        info = self.template(template)
+        if template in self.snapshots:
+            snap = self.snapshots[template]
+            info = TemplateInfo(template_id=template, aliases=snap.names, shape=snap.shape,
+                                envd_version="0.6.4", build_id=template, created_at="")
+        else:
+            info = self.template(template)
         if self.boot_delay_s:
             await asyncio.sleep(self.boot_delay_s)
         if self.fail_next_create is not None:
@@ -92,8 +103,79 @@ class FakeRuntime:
         return handle
 
     async def kill(self, handle: SandboxHandle) -> None:
-        if self.live.pop(handle.sandbox_id, None) is not None:
+        if (self.live.pop(handle.sandbox_id, None) or self.paused.pop(handle.sandbox_id, None)
+                ) is not None:
             self.killed.append(handle.sandbox_id)
+
+    # -- pause, resume, snapshots, fork ------------------------------------------------------
+
+    async def pause(self, sandbox_id: str) -> None:
+        if self.boot_delay_s:
+            await asyncio.sleep(self.boot_delay_s)
+        if self.fail_next_pause is not None:
+            exc, self.fail_next_pause = self.fail_next_pause, None
+            raise exc
+        self.paused[sandbox_id] = self.live.pop(sandbox_id)
+
+    async def resume(self, sandbox_id: str, init: AgentInit) -> SandboxHandle:
+        if sandbox_id not in self.paused:
+            raise RuntimeError_(f"sandbox {sandbox_id} has no paused state")
+        if self.boot_delay_s:
+            await asyncio.sleep(self.boot_delay_s)
+        if self.fail_next_resume is not None:
+            exc, self.fail_next_resume = self.fail_next_resume, None
+            raise exc
+        handle = self.live[sandbox_id] = self.paused.pop(sandbox_id)
+        self.inits[sandbox_id] = init
+        return handle
+
+    def is_paused(self, sandbox_id: str) -> bool:
+        return sandbox_id in self.paused
+
+    def is_running(self, sandbox_id: str) -> bool:
+        return sandbox_id in self.live
+
+    async def snapshot_sandbox(
+        self, sandbox_id: str, snapshot_id: str, names: list[str]
+    ) -> SnapshotInfo:
+        h = self.live[sandbox_id]
+        info = SnapshotInfo(
+            snapshot_id=snapshot_id, names=list(names), parent=sandbox_id,
+            template=h.template_id, shape=h.shape,
+            created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        )  # fmt: skip
+        self.snapshots[snapshot_id] = info
+        return info
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
+        try:
+            return self.snapshots[snapshot_id]
+        except KeyError:
+            raise TemplateNotFound(f"snapshot {snapshot_id!r} not found") from None
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return list(self.snapshots.values())
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        if self.snapshots.pop(snapshot_id, None) is None:
+            raise TemplateNotFound(f"snapshot {snapshot_id!r} not found")
+
+    async def fork(
+        self, sandbox_id: str, children: list[tuple[str, AgentInit]]
+    ) -> list[SandboxHandle | BaseException]:
+        src = self.live[sandbox_id]
+        out: list[SandboxHandle | BaseException] = []
+        for cid, init in children:
+            if self.fail_next_create is not None:
+                exc, self.fail_next_create = self.fail_next_create, None
+                out.append(exc)
+                continue
+            h = SandboxHandle(sandbox_id=cid, template_id=src.template_id, shape=src.shape,
+                              slot_addr=self.slot_addr, vmm_pid=os.getpid())  # fmt: skip
+            self.live[cid] = h
+            self.inits[cid] = init
+            out.append(h)
+        return out
 
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]:
         if handle.sandbox_id not in self.live:

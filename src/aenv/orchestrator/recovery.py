@@ -6,7 +6,10 @@ A Runtime may offer the optional extension
 
 which re-attaches to the VMs of those handles that still answer (e.g. QMP replies); the
 handles it returns stay Running. Without it, no VM survives a restart and every record that
-needed one is removed. Then, if the Runtime offers
+needed one is removed. A record whose paused state the runtime finds complete on disk
+(`is_paused`) is Paused whatever transition it was in (Pausing, Paused, Resuming; see
+`states.RECOVERY`); a Paused record whose files are gone is removed. Then, if the Runtime
+offers
 
     async def reclaim(self, keep: set[str]) -> list[str]
 
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 from aenv.orchestrator.obs import log_event
 from aenv.orchestrator.runtime_api import SandboxHandle
 from aenv.orchestrator.states import RECOVERY, SandboxState
+from aenv.orchestrator.store import SandboxRecord
 
 if TYPE_CHECKING:
     from aenv.orchestrator.service import Orchestrator
@@ -32,7 +36,19 @@ log = logging.getLogger("aenv.orchestrator")
 async def recover(orch: Orchestrator) -> dict[str, int]:
     store = orch.store
     records = store.all()
-    candidates = [r for r in records if RECOVERY[r.state] == "adopt" and r.slot_addr]
+    is_paused = getattr(orch.runtime, "is_paused", None)
+    paused_ok = {
+        r.sandbox_id for r in records
+        if RECOVERY[r.state] == "paused" and (not callable(is_paused) or is_paused(r.sandbox_id))
+    }  # fmt: skip
+
+    def action_of(rec: SandboxRecord) -> str:
+        action = RECOVERY[rec.state]
+        if action == "paused" and rec.sandbox_id not in paused_ok:
+            return "adopt"  # no complete paused state: a VM, if the runtime still runs it
+        return action
+
+    candidates = [r for r in records if action_of(r) == "adopt" and r.slot_addr]
     adopted: dict[str, SandboxHandle] = {}
     adopt = getattr(orch.runtime, "adopt", None)
     if candidates and callable(adopt):
@@ -44,8 +60,14 @@ async def recover(orch: Orchestrator) -> dict[str, int]:
     counts = {"kept": 0, "adopted": 0, "removed": 0, "paused": 0}
     now = orch.now_us()
     for rec in records:
-        action = RECOVERY[rec.state]
-        if action == "adopt" and rec.sandbox_id in adopted:
+        action = action_of(rec)
+        if action == "paused" and rec.state is SandboxState.PAUSED:
+            counts["kept"] += 1
+        elif action == "paused":
+            store.force_state(rec.sandbox_id, SandboxState.PAUSED, now)
+            counts["paused"] += 1
+            log_event(log, "recovery.paused", sandbox_id=rec.sandbox_id, state=str(rec.state))
+        elif action == "adopt" and rec.sandbox_id in adopted:
             store.force_state(rec.sandbox_id, SandboxState.RUNNING, now)
             orch.routes.add(adopted[rec.sandbox_id], rec.access_token)
             counts["adopted"] += 1
@@ -53,9 +75,6 @@ async def recover(orch: Orchestrator) -> dict[str, int]:
             store.force_delete(rec.sandbox_id)
             counts["removed"] += 1
             log_event(log, "recovery.removed", sandbox_id=rec.sandbox_id, state=str(rec.state))
-        elif action == "paused":
-            store.force_state(rec.sandbox_id, SandboxState.PAUSED, now)
-            counts["paused"] += 1
         else:
             counts["kept"] += 1
     reclaim = getattr(orch.runtime, "reclaim", None)

@@ -32,6 +32,7 @@ from aenv.orchestrator.runtime_api import (
     CapacityExceeded,
     RuntimeError_,
     SandboxHandle,
+    SnapshotInfo,
     TemplateInfo,
     TemplateNotFound,
 )
@@ -52,6 +53,8 @@ from aenv.vmm.qemu import QemuDriver, host_tsc_khz
 
 log = logging.getLogger(__name__)
 
+# A fork's snapshot is transient: it lives only while its children are restored.
+FORK_PREFIX = "fork-"
 AGENT_BOOT_TIMEOUT = 180.0  # a cold boot under TCG: kernel ~1 s, Python agent start far more
 AGENT_INIT_TIMEOUT = 10.0
 
@@ -147,17 +150,30 @@ class Runtime:
         processes), VM directories and slots not named in `keep`."""
         reclaimed = []
         prefix = self.driver.jail_prefix
+        # The pool starts filling in start(): let its spawns finish so they count as live.
+        await self._pool.settle()
         live = {m.jail for m in self._machines.values()} | self._pool.names()
         for group in await asyncio.to_thread(list_groups):
             name = group.removeprefix(prefix)
-            if group.startswith(prefix) and name not in keep and name not in live:
+            # A jail lives only with a VMM this process runs: a kept paused sandbox has none.
+            if group.startswith(prefix) and name not in live:
                 await asyncio.to_thread(Cgroup(group).remove)
                 reclaimed.append(f"cgroup:{group}")
         if self.cfg.sandboxes_dir.exists():
+            kept = set(keep) | set(self._machines) | live
+            # A sandbox restored into a pooled VM is a symlink to the pool's directory.
+            kept |= {p.resolve().name for p in self.cfg.sandboxes_dir.iterdir()
+                     if p.name in kept and p.is_symlink()}
             for p in self.cfg.sandboxes_dir.iterdir():
-                if p.name not in keep and p.name not in self._machines | live:
+                if p.name not in kept:
                     remove_tree(p)
                     reclaimed.append(f"dir:{p.name}")
+                    # A fork that died with the node leaves its transient snapshot.
+                    for snap in self.snapshots.list():
+                        if snap.startswith(f"{FORK_PREFIX}{p.name}-"):
+                            with contextlib.suppress(SnapshotNotFound):
+                                self.snapshots.delete(snap)
+                            reclaimed.append(f"snapshot:{snap}")
         reclaimed += await asyncio.to_thread(
             slot_pool.reclaim_orphans, self.slots.prefix, self.slots.owned())
         return reclaimed
@@ -282,6 +298,10 @@ class Runtime:
         try:
             t2 = time.perf_counter()
             await vm.restore(src_dir / "state")
+            if snapshot_id is None:
+                # From `cont` on the guest changes these very files: the paused state stops
+                # being valid, so it must stop being found (a crash must not resume it).
+                await asyncio.to_thread(self._forget_paused, workdir)
             await vm.resume()
             t3 = time.perf_counter()
         except BaseException:
@@ -359,11 +379,26 @@ class Runtime:
         """Save the VM into its own directory and end the VMM: a paused sandbox holds no
         CPU, no RAM (its files' pages become clean cache) and no slot."""
         m = self._machines[name]
-        await self._save(m, m.workdir / "state")
-        man = self._manifest_of(m, name)
-        man.created_at = now_rfc3339()
-        await asyncio.to_thread(write_json_atomic, m.workdir / "manifest.json", man.to_json())
+        try:
+            await self._save(m, m.workdir / "state")
+            man = self._manifest_of(m, name)
+            man.created_at = now_rfc3339()
+            await asyncio.to_thread(write_json_atomic, m.workdir / "manifest.json", man.to_json())
+        except BaseException:
+            # Keep it running if it can; no paused state may stay behind a running guest.
+            try:
+                await asyncio.to_thread(self._forget_paused, m.workdir)
+                await m.vm.resume()
+            except BaseException:
+                log.exception("pause of %s failed and its VM cannot continue", name)
+                await self.destroy(name)
+            raise
         await self._stop(m)
+
+    @staticmethod
+    def _forget_paused(workdir: Path) -> None:
+        (workdir / "manifest.json").unlink(missing_ok=True)
+        fsync_path(workdir)
 
     def paused_manifest(self, name: str) -> Manifest:
         try:
@@ -376,12 +411,21 @@ class Runtime:
         return name not in self._machines and (
             self.cfg.sandboxes_dir / name / "manifest.json").is_file()
 
+    def is_running(self, name: str) -> bool:
+        return name in self._machines
+
     async def resume(self, name: str, init: AgentInit) -> SandboxHandle:
         m = await self.restore(name, None)
         try:
             await self.push_init(m, init)
         except BaseException:
-            await self._stop(m)
+            # The guest has run since the restore: save it again so it stays resumable.
+            try:
+                await self.pause(name)
+            except BaseException:
+                log.exception("re-pause of %s after a failed resume failed", name)
+                if name in self._machines:
+                    await self.destroy(name)
             raise
         return self.handle(name, m.template_id)
 
@@ -390,11 +434,19 @@ class Runtime:
         """Snapshot `name` (it keeps running) and restore one child per entry, each with
         its own identity, token, env and entropy."""
         m = self._machines[name]
-        snap_id = f"fork-{name}-{secrets.token_hex(4)}"
+        snap_id = f"{FORK_PREFIX}{name}-{secrets.token_hex(4)}"
         await self.snapshot(name, self._manifest_of(m, snap_id, parent=name))
         try:
+            # At most max_concurrent_boots children restore (and take /init) at once: more
+            # only compete for the same CPUs (under TCG a crowd misses the /init deadline).
+            gate = asyncio.Semaphore(max(1, self.cfg.max_concurrent_boots))
+
+            async def child(cid: str, init: AgentInit) -> SandboxHandle:
+                async with gate:
+                    return await self._create_from(cid, snap_id, init)
+
             results = await asyncio.gather(
-                *(self._create_from(cid, snap_id, init) for cid, init in children),
+                *(child(cid, init) for cid, init in children),
                 return_exceptions=True,
             )
         finally:
@@ -404,14 +456,37 @@ class Runtime:
         return list(results)
 
     async def snapshot_sandbox(self, name: str, snapshot_id: str,
-                               names: list[str]) -> Manifest:
+                               names: list[str]) -> SnapshotInfo:
         m = self._machines[name]
         man = self._manifest_of(m, snapshot_id, parent=name, names=names)
         await self.snapshot(name, man)
-        return man
+        return _snapshot_info(man)
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
+        """A sandbox's snapshot (not a template's own, nor a fork's transient one)."""
+        try:
+            if snapshot_id.startswith(FORK_PREFIX):
+                raise SnapshotNotFound(snapshot_id)
+            man = self.snapshots.get(snapshot_id)
+            if man.parent is None:
+                raise SnapshotNotFound(snapshot_id)
+        except (SnapshotNotFound, SnapshotCorrupt):
+            raise TemplateNotFound(f"snapshot {snapshot_id!r} not found") from None
+        return _snapshot_info(man)
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        out = []
+        for sid in self.snapshots.list():
+            with contextlib.suppress(TemplateNotFound):
+                out.append(self.snapshot_info(sid))
+        return out
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        self.snapshots.delete(snapshot_id)
+        """Hide (rename) then remove. VMs restored from it keep their reflinked files."""
+        try:
+            self.snapshots.delete(snapshot_id)
+        except SnapshotNotFound:
+            raise TemplateNotFound(f"snapshot {snapshot_id!r} not found") from None
 
     async def wait_agent(self, m: Machine, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -444,7 +519,10 @@ class Runtime:
         if init.default_workdir:
             body["defaultWorkdir"] = init.default_workdir
         try:
-            r = await m.http.post(m.slot.url(AGENT_PORT) + "/init", json=body)
+            # The whole budget for connecting too: a guest restored next to many others
+            # (fork x16 under TCG) may take seconds to be scheduled and accept.
+            r = await m.http.post(m.slot.url(AGENT_PORT) + "/init", json=body,
+                                  timeout=AGENT_INIT_TIMEOUT)
         except httpx.HTTPError as e:
             raise BootError(f"agent /init failed: {e!r}") from e
         if r.status_code >= 300:
@@ -534,6 +612,13 @@ class Runtime:
         return dict(self._machines)
 
 
+def _snapshot_info(man: Manifest) -> SnapshotInfo:
+    return SnapshotInfo(
+        snapshot_id=man.snapshot_id, names=list(man.names), parent=man.parent,
+        template=man.template, created_at=man.created_at, shape=man.shape,
+    )
+
+
 class WarmPool:
     """Pre-spawned `-incoming defer` QEMUs, each with its slot and (sparse, empty) RAM and
     disk files, for one machine key (the default template's): a restore then costs the
@@ -600,6 +685,10 @@ class WarmPool:
             log.warning("warm pool: spawning a VMM failed: %s", e)
         finally:
             self._spawning -= 1
+
+    async def settle(self) -> None:
+        """Wait for the spawns in flight (their VMs are then in `names()`)."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
         self._closed = True

@@ -47,6 +47,18 @@ class SandboxHandle:
         return f"http://{self.slot_addr}:{port}"
 
 
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A named snapshot of a sandbox (`POST /sandboxes/{id}/snapshots`), usable as a template."""
+
+    snapshot_id: str
+    names: list[str]
+    parent: str | None  # the sandbox it was taken from
+    template: str  # the template that sandbox was created from
+    created_at: str  # RFC 3339
+    shape: MachineShape
+
+
 class RuntimeError_(Exception):
     """Base for runtime failures the API maps to HTTP errors."""
 
@@ -86,3 +98,39 @@ class Runtime(Protocol):
         """End the VM and release its slot, disk and files (idempotent)."""
 
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]: ...
+
+    # -- pause, resume, snapshots, fork ----------------------------------------------------
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Make the running VM's state durable in its own files and end the VMM (no CPU, RAM
+        or slot held). On failure the VM keeps running if it can (`is_running`)."""
+
+    async def resume(self, sandbox_id: str, init: AgentInit) -> SandboxHandle:
+        """Restore a paused sandbox from its files and push init. On failure it stays paused
+        (`is_paused`) unless its state was lost."""
+
+    def is_paused(self, sandbox_id: str) -> bool:
+        """Complete paused state is on disk and no VMM runs (survives a node restart)."""
+
+    def is_running(self, sandbox_id: str) -> bool:
+        """This runtime runs a VMM for the sandbox."""
+
+    async def snapshot_sandbox(
+        self, sandbox_id: str, snapshot_id: str, names: list[str]
+    ) -> SnapshotInfo:
+        """Clone a running sandbox into a new snapshot; the sandbox keeps running."""
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
+        """One user snapshot; raise TemplateNotFound."""
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        """Every user snapshot (not templates' own, not a fork's transient one)."""
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot at once (it leaves listings; VMs restored from it keep their
+        reflinked files). Raise TemplateNotFound if there is none."""
+
+    async def fork(
+        self, sandbox_id: str, children: list[tuple[str, AgentInit]]
+    ) -> list[SandboxHandle | BaseException]:
+        """Snapshot the running sandbox (it keeps running) and start one child per entry."""

@@ -1,6 +1,7 @@
 """The orchestrator: one action per sandbox operation, over the store, the runtime and routes.
 
-Actions: create, get, list, kill, set_timeout, connect, refresh, metrics. Each state change
+Actions: create, get, list, kill, set_timeout, connect, refresh, metrics, pause, resume,
+snapshot, list_snapshots, delete_snapshot, fork. Each state change
 is "CAS to a transitional state -> work -> CAS to the final state" under the sandbox's lock
 (see `locks.py`); the API layer parses a request, calls one action and maps the result.
 """
@@ -20,25 +21,29 @@ from dataclasses import dataclass, field
 import pydantic
 
 from aenv.config import Config, MachineShape
-from aenv.orchestrator import background, recovery
+from aenv.orchestrator import background, recovery, space
+from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import (
     CapacityExhausted,
     InvalidRequest,
     NotFound,
     ShuttingDown,
+    SpaceExhausted,
     StateConflict,
     Unsupported,
 )
 from aenv.orchestrator.locks import Joiner, SandboxLocks
 from aenv.orchestrator.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
-from aenv.orchestrator.routes import RouteTable
+from aenv.orchestrator.routes import Route, RouteTable
 from aenv.orchestrator.runtime_api import (
     AgentInit,
     Runtime,
     SandboxHandle,
+    SnapshotInfo,
     TemplateInfo,
+    TemplateNotFound,
 )
-from aenv.orchestrator.states import HAS_VM, PUBLIC_STATE, SandboxState
+from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 
 log = logging.getLogger("aenv.orchestrator")
@@ -52,6 +57,12 @@ FULL_RETRY_AFTER_S = 5
 BOOTS_RETRY_AFTER_S = 1
 # E2B's cap on one /refreshes call.
 MAX_REFRESH_S = 3600
+# The SDK's range for one fork call.
+MAX_FORK_COUNT = 20
+# An auto-pause at endAt that failed is tried again this much later (the sandbox keeps running).
+AUTO_PAUSE_RETRY_S = 30
+# envdVersion of a sandbox restored from a snapshot whose template is gone.
+FALLBACK_ENVD_VERSION = "0.6.4"
 
 
 def new_sandbox_id() -> str:
@@ -100,6 +111,9 @@ class Orchestrator:
         self._accepting = False
         self._tasks: list[asyncio.Task[None]] = []
         self._expiring: set[str] = set()
+        self._snap_refs = snaps.SnapshotRefs()
+        # Free bytes on the data filesystem (space admission); tests replace it.
+        self.free_bytes: Callable[[], int] = lambda: space.free_bytes(config.data_dir)
 
     # -- time ------------------------------------------------------------------------------
 
@@ -139,11 +153,10 @@ class Orchestrator:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-        if self.config.on_shutdown == "pause":
-            log_event(log, "node.shutdown_pause_unsupported", logging.WARNING,
-                      note="pause is not implemented yet; killing running sandboxes")  # fmt: skip
         if not self.store.is_open:
             return
+        if self.config.on_shutdown == "pause":
+            await self._pause_all("shutdown")
         for route in self.routes:
             self.routes.remove(route.sandbox_id)
         doomed = self.store.with_state(HAS_VM)
@@ -156,6 +169,28 @@ class Orchestrator:
             self.store.force_delete(rec.sandbox_id)
         self.store.close()
         log_event(log, "node.stopped", killed=len(doomed))
+
+    async def _pause_all(self, reason: str) -> None:
+        """Pause every running sandbox (waiting for operations in flight on each)."""
+        ids = [r.sandbox_id for r in self.store.with_state(HOLDS_CAPACITY - {S.CREATING})]
+
+        async def one(sid: str) -> bool:
+            try:
+                async with self._locks.hold(sid):
+                    rec = self.store.get(sid)
+                    if rec is None or rec.state is not S.RUNNING:
+                        return False
+                    await self._pause_locked(rec, reason)
+                    return True
+            except Exception as e:
+                log_event(log, "sandbox.pause_failed", logging.WARNING, sandbox_id=sid,
+                          reason=reason, error=repr(e))  # fmt: skip
+                return False
+
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(one(sid) for sid in ids))
+        log_event(log, "node.paused_all", paused=sum(done), failed=len(ids) - sum(done),
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -201,32 +236,63 @@ class Orchestrator:
             name = {"vcpus": "cpuCount", "memory_mib": "memoryMB"}.get(str(err["loc"][0]), "")
             raise InvalidRequest(f"invalid {name}: {err['msg']}") from None
 
-    def _admit(self) -> None:
+    def _admit(self, new_mib: int, op: str, *, vms: int = 1, boot: bool = True) -> None:
+        """Refuse an operation before it touches anything: shutting down (503), over
+        max_sandboxes or max_concurrent_boots (429), short of space (507). Callers insert or
+        CAS their record with no await after this, so the counts stay exact."""
         if not self._accepting:
             raise ShuttingDown("the node is shutting down")
-        if self.store.count(HAS_VM) >= self.config.max_sandboxes:
+        if vms and self.store.count(HOLDS_CAPACITY) + vms > self.config.max_sandboxes:
             REJECTED_TOTAL.labels("max_sandboxes").inc()
             raise CapacityExhausted(
                 f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
                 retry_after_s=FULL_RETRY_AFTER_S,
             )
-        if self._booting >= self.config.max_concurrent_boots:
+        if boot and self._booting >= self.config.max_concurrent_boots:
             REJECTED_TOTAL.labels("max_concurrent_boots").inc()
             raise CapacityExhausted(
                 f"the node is already booting {self.config.max_concurrent_boots} sandboxes",
                 retry_after_s=BOOTS_RETRY_AFTER_S,
             )
+        self._admit_space(new_mib, op)
+
+    def _admit_space(self, new_mib: int, op: str) -> None:
+        running = self.store.sum_memory_mib(HOLDS_CAPACITY)
+        free = self.free_bytes()
+        short = space.shortfall(free, running, new_mib, self.config.disk_reserve_mib)
+        if short:
+            REJECTED_TOTAL.labels("disk_space").inc()
+            raise SpaceExhausted(
+                f"not enough free space on the data filesystem to {op}: {free >> 20} MiB free, "
+                f"{(free + short) >> 20} MiB needed (RAM of running sandboxes {running} MiB + "
+                f"{new_mib} MiB + reserve {self.config.disk_reserve_mib} MiB)"
+            )
+
+    def resolve_template(self, name: str) -> TemplateInfo:
+        """A template by id or alias, else a snapshot by id, else the newest snapshot carrying
+        `name`; TemplateNotFound (404) if none."""
+        try:
+            return self.runtime.template(name)
+        except TemplateNotFound:
+            pass
+        snap = self.find_snapshot(name)
+        try:
+            envd = self.runtime.template(snap.template).envd_version
+        except TemplateNotFound:
+            envd = FALLBACK_ENVD_VERSION
+        return TemplateInfo(
+            template_id=snap.snapshot_id, aliases=list(snap.names), shape=snap.shape,
+            envd_version=envd, build_id=snap.snapshot_id, created_at=snap.created_at,
+        )  # fmt: skip
 
     async def create(self, req: CreateRequest) -> SandboxRecord:
         self._check_timeout(req.timeout_s)
-        if req.auto_pause:
-            raise Unsupported("autoPause is not supported yet: this node cannot pause sandboxes")
-        if req.auto_resume:
-            raise Unsupported("autoResume is not supported yet: this node cannot pause sandboxes")
-        info = self.runtime.template(req.template)  # TemplateNotFound -> 404
+        if req.auto_resume and not req.auto_pause:
+            raise InvalidRequest("autoResume needs autoPause: only a paused sandbox resumes")
+        info = self.resolve_template(req.template)  # TemplateNotFound -> 404
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
-        self._admit()
+        self._admit(shape.memory_mib, "create a sandbox")
         sid = new_sandbox_id()
         token = new_access_token() if req.secure else None
         now = self.now_us()
@@ -245,6 +311,8 @@ class Orchestrator:
             metadata=dict(req.metadata),
             env_vars=dict(req.env_vars),
             access_token=token,
+            auto_pause=req.auto_pause,
+            auto_resume=req.auto_resume,
             allow_internet=req.allow_internet,
             updated_at_us=now,
         )
@@ -272,9 +340,17 @@ class Orchestrator:
     ) -> SandboxHandle:
         sid = rec.sandbox_id
         init = AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars))
+        # A snapshot (not a template): a DELETE meanwhile keeps its files until it is cloned.
+        snap = info.template_id if info.template_id == info.build_id else None
         try:
-            async with stage("create", "runtime_create", sid):
-                handle = await self.runtime.create(sid, info.template_id, init, shape)
+            if snap is not None:
+                self._snap_refs.acquire(snap)
+            try:
+                async with stage("create", "runtime_create", sid):
+                    handle = await self.runtime.create(sid, info.template_id, init, shape)
+            finally:
+                if snap is not None and self._snap_refs.release(snap):
+                    self._delete_snapshot_files(snap)
         except BaseException:
             self.store.delete(sid, [S.CREATING])
             raise
@@ -307,10 +383,10 @@ class Orchestrator:
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
         t0 = time.perf_counter()
         route = self.routes.remove(sid)
-        if rec.state in HAS_VM:
-            handle = route.handle if route else self._handle(rec)
-            async with stage("kill", "runtime_kill", sid):
-                await self._runtime_kill(handle)
+        # A paused sandbox has no VM but its files: the runtime deletes them too.
+        handle = route.handle if route else self._handle(rec)
+        async with stage("kill", "runtime_kill", sid):
+            await self._runtime_kill(handle)
         self.store.delete(sid, [S.KILLING])
         OPS_TOTAL.labels("kill", reason).inc()
         log_event(log, "sandbox.killed", sandbox_id=sid, reason=reason,
@@ -333,12 +409,308 @@ class Orchestrator:
         )
 
     async def expire(self, sandbox_id: str) -> None:
-        """TTL: kill (pause once it exists and autoPause is set) if endAt has really passed."""
+        """TTL: if endAt has really passed, pause (autoPause) or kill."""
         async with self._locks.hold(sandbox_id):
             rec = self.store.get(sandbox_id)
             if rec is None or rec.state is not S.RUNNING or rec.end_at_us > self.now_us():
-                return  # killed or extended meanwhile
-            await self._kill_locked(rec, "timeout")
+                return  # killed, paused or extended meanwhile
+            if not rec.auto_pause:
+                await self._kill_locked(rec, "timeout")
+                return
+            try:
+                await self._pause_locked(rec, "timeout")
+            except Exception as e:
+                now = self.now_us()
+                retry = self.store.update(sandbox_id, [S.RUNNING], now,
+                                          end_at_us=now + AUTO_PAUSE_RETRY_S * 1_000_000)
+                log_event(log, "sandbox.auto_pause_failed", logging.ERROR, sandbox_id=sandbox_id,
+                          error=repr(e), retry_in_s=AUTO_PAUSE_RETRY_S if retry else None)
+
+    # -- pause / resume --------------------------------------------------------------------
+
+    def _is_paused(self, sandbox_id: str) -> bool:
+        return bool(self.runtime.is_paused(sandbox_id))
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Running -> Pausing -> Paused. StateConflict (409) if it is already paused.
+        (E2B's filesystem-only pause is served as a full pause: a superset.)"""
+        async with self._locks.hold(sandbox_id):
+            rec = self.get(sandbox_id)
+            if rec.state is S.PAUSED:
+                raise StateConflict(f"sandbox {sandbox_id} is already paused",
+                                    actual=str(rec.state))  # fmt: skip
+            await self._pause_locked(rec, "request")
+
+    async def _pause_locked(self, rec: SandboxRecord, reason: str) -> None:
+        sid = rec.sandbox_id
+        if not self.store.transition(sid, [S.RUNNING], S.PAUSING, self.now_us()):
+            raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
+        t0 = time.perf_counter()
+        # The data plane answers 502 from here on; open streams end now.
+        route = self.routes.remove(sid)
+        try:
+            async with stage("pause", "runtime_pause", sid):
+                await self.runtime.pause(sid)
+        except BaseException:
+            OPS_TOTAL.labels("pause", "error").inc()
+            await self._after_failed_pause(rec, route)
+            raise
+        self.store.transition(sid, [S.PAUSING], S.PAUSED, self.now_us(), slot_addr=None,
+                              vmm_pid=None)  # fmt: skip
+        OPS_TOTAL.labels("pause", reason).inc()
+        log_event(log, "sandbox.paused", sandbox_id=sid, reason=reason,
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+
+    async def _after_failed_pause(self, rec: SandboxRecord, route: Route | None) -> None:
+        sid = rec.sandbox_id
+        now = self.now_us()
+        if self._is_paused(sid):
+            self.store.transition(sid, [S.PAUSING], S.PAUSED, now, slot_addr=None, vmm_pid=None)
+        elif route is not None and self.runtime.is_running(sid):
+            self.store.transition(sid, [S.PAUSING], S.RUNNING, now)
+            self.routes.add(route.handle, rec.access_token)
+        else:
+            self.store.transition(sid, [S.PAUSING], S.KILLING, now)
+            await self._runtime_kill(route.handle if route else self._handle(rec))
+            self.store.delete(sid, [S.KILLING])
+            log_event(log, "sandbox.lost", logging.ERROR, sandbox_id=sid, during="pause")
+
+    async def resume(
+        self, sandbox_id: str, timeout_s: int, auto_pause: bool | None = None
+    ) -> SandboxRecord:
+        """E2B v1 resume: Paused -> Resuming -> Running; StateConflict (409) if running."""
+        self._check_timeout(timeout_s)
+        async with self._locks.hold(sandbox_id):
+            rec = self.get(sandbox_id)
+            if rec.state is not S.PAUSED:
+                raise StateConflict(f"sandbox {sandbox_id} is already running",
+                                    actual=str(rec.state))  # fmt: skip
+            await self._resume_locked(rec, timeout_s, auto_pause)
+        return self.get(sandbox_id)
+
+    async def _resume_locked(
+        self, rec: SandboxRecord, timeout_s: int, auto_pause: bool | None = None
+    ) -> None:
+        sid = rec.sandbox_id
+        self._admit(rec.memory_mib, "resume a sandbox", boot=False)
+        if not self.store.transition(sid, [S.PAUSED], S.RESUMING, self.now_us()):
+            raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
+        t0 = time.perf_counter()
+        init = AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars))
+        try:
+            async with stage("resume", "runtime_resume", sid):
+                handle = await self.runtime.resume(sid, init)
+        except BaseException:
+            OPS_TOTAL.labels("resume", "error").inc()
+            if self._is_paused(sid):
+                self.store.transition(sid, [S.RESUMING], S.PAUSED, self.now_us())
+            else:  # its paused state is gone: nothing left to resume
+                self.store.transition(sid, [S.RESUMING], S.KILLING, self.now_us())
+                await self._runtime_kill(self._handle(rec))
+                self.store.delete(sid, [S.KILLING])
+                log_event(log, "sandbox.lost", logging.ERROR, sandbox_id=sid, during="resume")
+            raise
+        now = self.now_us()
+        extra = {} if auto_pause is None else {"auto_pause": auto_pause}
+        ok = self.store.transition(
+            sid, [S.RESUMING], S.RUNNING, now, end_at_us=now + timeout_s * 1_000_000,
+            slot_addr=handle.slot_addr, vmm_pid=handle.vmm_pid, **extra,
+        )  # fmt: skip
+        if not ok:
+            await self._runtime_kill(handle)
+            raise ShuttingDown("the node is shutting down")
+        self.routes.add(handle, rec.access_token)
+        OPS_TOTAL.labels("resume", "ok").inc()
+        log_event(log, "sandbox.resumed", sandbox_id=sid, slot=handle.slot_addr,
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+
+    async def route_for_paused(self, sandbox_id: str) -> Route | None:
+        """autoResume: the data plane found no route; resume the sandbox if it is paused and
+        asked for it, and give its new route (None: answer 502 as for any paused sandbox)."""
+        rec = self.store.get(sandbox_id)
+        if rec is None or not rec.auto_resume or rec.state not in (
+                S.PAUSED, S.PAUSING, S.RESUMING) or not self._accepting:
+            return None
+        try:
+            await self.connect(sandbox_id, rec.timeout_s)
+        except Exception as e:
+            log_event(log, "sandbox.auto_resume_failed", logging.WARNING, sandbox_id=sandbox_id,
+                      error=repr(e))  # fmt: skip
+            return None
+        OPS_TOTAL.labels("auto_resume", "ok").inc()
+        return self.routes.get(sandbox_id)
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def _running_for(self, sandbox_id: str, what: str) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        if rec.state is not S.RUNNING:
+            raise StateConflict(f"sandbox {sandbox_id} is {PUBLIC_STATE[rec.state]}: "
+                                f"{what} needs a running sandbox", actual=str(rec.state))
+        return rec
+
+    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+        """Running -> Snapshotting -> Running: clone the sandbox into a new snapshot, usable
+        as a templateID. The sandbox keeps running (it stops only while its state is saved)."""
+        names = snaps.check_name(name)
+        async with self._locks.hold(sandbox_id):
+            rec = self._running_for(sandbox_id, "a snapshot")
+            self._admit(0, "take a snapshot", vms=0, boot=False)
+            if not self.store.transition(sandbox_id, [S.RUNNING], S.SNAPSHOTTING, self.now_us()):
+                raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(rec.state))
+            snap_id = snaps.new_snapshot_id()
+            t0 = time.perf_counter()
+            try:
+                async with stage("snapshot", "runtime_snapshot", sandbox_id):
+                    info = await self.runtime.snapshot_sandbox(sandbox_id, snap_id, names)
+            except BaseException:
+                OPS_TOTAL.labels("snapshot", "error").inc()
+                raise
+            finally:
+                # The runtime lets the VM continue whatever happened.
+                self.store.transition(sandbox_id, [S.SNAPSHOTTING], S.RUNNING, self.now_us())
+        OPS_TOTAL.labels("snapshot", "ok").inc()
+        log_event(log, "snapshot.created", sandbox_id=sandbox_id, snapshot_id=snap_id,
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+        return info
+
+    def _snapshots(self) -> list[SnapshotInfo]:
+        return [s for s in self.runtime.list_snapshots()
+                if not self._snap_refs.hidden(s.snapshot_id)]  # fmt: skip
+
+    def find_snapshot(self, name: str) -> SnapshotInfo:
+        """By id, else the newest carrying `name`; TemplateNotFound (404)."""
+        if not self._snap_refs.hidden(name):
+            try:
+                return self.runtime.snapshot_info(name)
+            except TemplateNotFound:
+                pass
+        return snaps.newest_named(self._snapshots(), name)
+
+    def list_snapshots(
+        self, sandbox_id: str | None = None, name: str | None = None,
+        limit: int = snaps.MAX_PAGE, cursor: tuple[int, str] | None = None,
+    ) -> tuple[list[SnapshotInfo], tuple[int, str] | None]:
+        return snaps.page(self._snapshots(), sandbox_id=sandbox_id, name=name, limit=limit,
+                          cursor=cursor)  # fmt: skip
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Gone from listings and lookups at once; its files go now, or when the last
+        restore in flight from it has cloned them. NotFound (404); a template: 400."""
+        if self._snap_refs.hidden(snapshot_id):
+            raise NotFound(f"snapshot '{snapshot_id}' not found")
+        try:
+            self.runtime.snapshot_info(snapshot_id)
+        except TemplateNotFound:
+            try:
+                self.runtime.template(snapshot_id)
+            except TemplateNotFound:
+                raise NotFound(f"snapshot '{snapshot_id}' not found") from None
+            raise Unsupported(f"'{snapshot_id}' is a template: templates are removed with "
+                              f"the aenv CLI, not the API") from None
+        if self._snap_refs.doom(snapshot_id):
+            self._delete_snapshot_files(snapshot_id)
+        OPS_TOTAL.labels("snapshot_delete", "ok").inc()
+        log_event(log, "snapshot.deleted", snapshot_id=snapshot_id,
+                  deferred=self._snap_refs.hidden(snapshot_id))  # fmt: skip
+
+    def _delete_snapshot_files(self, snapshot_id: str) -> None:
+        try:
+            self.runtime.delete_snapshot(snapshot_id)
+        except TemplateNotFound:
+            pass
+        except Exception:
+            log.exception("snapshot.delete_failed", extra={"kv": {"snapshot_id": snapshot_id}})
+
+    # -- fork ------------------------------------------------------------------------------
+
+    async def fork(
+        self, sandbox_id: str, count: int, timeout_s: int | None = None
+    ) -> list[SandboxRecord | BaseException]:
+        """Snapshot the running sandbox (it keeps running) and start `count` children from
+        it, each with its own id and token and the source's env, metadata and lifecycle.
+        One entry per child: its record, or the error that child failed with (children over
+        max_sandboxes get CapacityExhausted)."""
+        if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
+            raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
+        if timeout_s is not None:
+            self._check_timeout(timeout_s)
+        async with self._locks.hold(sandbox_id):
+            src = self._running_for(sandbox_id, "a fork")
+            if not self._accepting:
+                raise ShuttingDown("the node is shutting down")
+            room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
+            n = min(count, room)
+            self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
+            ttl = src.timeout_s if timeout_s is None else timeout_s
+            kids = [self._child_record(src, ttl) for _ in range(n)]
+            for k in kids:
+                self.store.insert(k)
+            if n and not self.store.transition(sandbox_id, [S.RUNNING], S.FORKING,
+                                               self.now_us()):  # fmt: skip
+                for k in kids:
+                    self.store.delete(k.sandbox_id, [S.CREATING])
+                raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(src.state))
+            t0 = time.perf_counter()
+            try:
+                results: list[SandboxHandle | BaseException] = []
+                if n:
+                    inits = [(k.sandbox_id, AgentInit(access_token=k.access_token,
+                                                      env_vars=dict(k.env_vars)))
+                             for k in kids]  # fmt: skip
+                    async with stage("fork", "runtime_fork", sandbox_id):
+                        results = await self.runtime.fork(sandbox_id, inits)
+            except BaseException:
+                OPS_TOTAL.labels("fork", "error").inc()
+                for k in kids:
+                    self.store.delete(k.sandbox_id, [S.CREATING])
+                raise
+            finally:
+                if n:
+                    self.store.transition(sandbox_id, [S.FORKING], S.RUNNING, self.now_us())
+            out: list[SandboxRecord | BaseException] = []
+            for k, r in zip(kids, results, strict=True):
+                out.append(self._fork_child_started(k, r))
+        out += [CapacityExhausted(
+            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
+            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
+        ok = sum(isinstance(r, SandboxRecord) for r in out)
+        OPS_TOTAL.labels("fork", "ok").inc(ok)
+        log_event(log, "sandbox.forked", sandbox_id=sandbox_id, requested=count, started=ok,
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+        return out
+
+    def _child_record(self, src: SandboxRecord, ttl_s: int) -> SandboxRecord:
+        now = self.now_us()
+        return SandboxRecord(
+            sandbox_id=new_sandbox_id(), template_id=src.template_id, alias=src.alias,
+            state=S.CREATING, started_at_us=now, end_at_us=now + ttl_s * 1_000_000,
+            timeout_s=ttl_s, vcpus=src.vcpus, memory_mib=src.memory_mib,
+            disk_mib=src.disk_mib, envd_version=src.envd_version,
+            metadata=dict(src.metadata), env_vars=dict(src.env_vars),
+            access_token=new_access_token() if src.access_token is not None else None,
+            auto_pause=src.auto_pause, auto_resume=src.auto_resume,
+            allow_internet=src.allow_internet, updated_at_us=now,
+        )  # fmt: skip
+
+    def _fork_child_started(
+        self, kid: SandboxRecord, r: SandboxHandle | BaseException
+    ) -> SandboxRecord | BaseException:
+        sid = kid.sandbox_id
+        if isinstance(r, BaseException):
+            self.store.delete(sid, [S.CREATING])
+            log_event(log, "sandbox.fork_child_failed", logging.WARNING, sandbox_id=sid,
+                      error=repr(r))  # fmt: skip
+            return r
+        now = self.now_us()
+        ok = self.store.transition(
+            sid, [S.CREATING], S.RUNNING, now, started_at_us=now,
+            end_at_us=now + kid.timeout_s * 1_000_000, slot_addr=r.slot_addr, vmm_pid=r.vmm_pid,
+        )  # fmt: skip
+        if not ok:
+            return ShuttingDown("the node is shutting down")
+        self.routes.add(r, kid.access_token)
+        return self.get(sid)
 
     # -- TTL -------------------------------------------------------------------------------
 
@@ -371,12 +743,14 @@ class Orchestrator:
             self.store.extend_end(sandbox_id, [rec.state], now + d * 1_000_000, now)
 
     async def connect(self, sandbox_id: str, timeout_s: int) -> tuple[SandboxRecord, bool]:
-        """Running: extend-only TTL, (record, False). Paused: resume, (record, True)."""
+        """Running: extend-only TTL, (record, False). Paused: resume with endAt = now +
+        timeout, (record, True)."""
         self._check_timeout(timeout_s)
         async with self._locks.hold(sandbox_id):
             rec = self.get(sandbox_id)
             if rec.state is S.PAUSED:
-                raise Unsupported("resuming a paused sandbox is not supported yet")
+                await self._resume_locked(rec, timeout_s)
+                return self.get(sandbox_id), True
             now = self.now_us()
             self.store.extend_end(sandbox_id, [rec.state], now + timeout_s * 1_000_000, now)
         return self.get(sandbox_id), False

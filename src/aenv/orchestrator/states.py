@@ -31,7 +31,8 @@ TRANSITIONS: dict[SandboxState, frozenset[SandboxState | str]] = {
     # A failed pause is recoverable (back to Running) unless the VMM died.
     S.PAUSING: frozenset({S.PAUSED, S.RUNNING, S.KILLING}),
     S.PAUSED: frozenset({S.RESUMING, S.KILLING}),
-    S.RESUMING: frozenset({S.RUNNING, S.PAUSED}),
+    # A failed resume goes back to Paused, or is removed when the paused state was lost.
+    S.RESUMING: frozenset({S.RUNNING, S.PAUSED, S.KILLING}),
     S.SNAPSHOTTING: frozenset({S.RUNNING, S.KILLING}),
     S.FORKING: frozenset({S.RUNNING, S.KILLING}),
     S.KILLING: frozenset({GONE}),
@@ -41,6 +42,8 @@ TRANSITIONAL = frozenset({S.CREATING, S.PAUSING, S.RESUMING, S.SNAPSHOTTING, S.F
 
 # States that hold a live VMM (count against max_sandboxes, get TTL kills and metrics).
 HAS_VM = frozenset({S.CREATING, S.RUNNING, S.PAUSING, S.SNAPSHOTTING, S.FORKING, S.KILLING})
+# States that count against max_sandboxes and the space reserve: a VMM, or one being restored.
+HOLDS_CAPACITY = HAS_VM | {S.RESUMING}
 
 # What the E2B API calls each state; states missing here are invisible (404, not listed).
 PUBLIC_STATE: dict[SandboxState, str] = {
@@ -63,13 +66,16 @@ def is_legal(src: SandboxState, dst: SandboxState | str) -> bool:
 
 # What a node restart does with a record it finds in each state (docs/api.md repeats this).
 # "adopt" = keep it Running if the runtime re-adopted its VM, else remove it.
+# "paused" = Paused if the runtime finds complete paused state on disk (`is_paused`), else as
+# "adopt". A pause writes its manifest last and a resume deletes it before the guest runs
+# again, so complete paused state is always consistent.
 RECOVERY: dict[SandboxState, str] = {
     S.CREATING: "remove",  # the create call died with the node; the client got no id
     S.RUNNING: "adopt",
-    S.PAUSING: "adopt",  # no pause yet; once it exists: Paused if the snapshot is complete
-    S.SNAPSHOTTING: "adopt",
-    S.FORKING: "adopt",
+    S.PAUSING: "paused",  # Paused if the pause finished on disk before the crash
+    S.SNAPSHOTTING: "adopt",  # a half-written snapshot is never visible (staging + rename)
+    S.FORKING: "adopt",  # children are Creating (removed); the runtime drops the fork snapshot
     S.KILLING: "remove",  # finish the kill
-    S.PAUSED: "keep",  # holds no VM; its files are on disk
-    S.RESUMING: "paused",  # the resume did not finish; the snapshot is intact
+    S.PAUSED: "paused",  # holds no VM; kept while its files are on disk
+    S.RESUMING: "paused",  # the resume did not finish: Paused while its state is intact
 }

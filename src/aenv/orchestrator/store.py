@@ -75,7 +75,9 @@ _COLUMNS = (
     "started_at_us", "end_at_us", "timeout_s", "vcpus", "memory_mib", "disk_mib", "envd_version",
     "auto_pause", "auto_resume", "allow_internet", "slot_addr", "vmm_pid", "updated_at_us",
 )  # fmt: skip
-_MUTABLE = frozenset({"end_at_us", "timeout_s", "slot_addr", "vmm_pid", "started_at_us"})
+_MUTABLE = frozenset({
+    "end_at_us", "timeout_s", "slot_addr", "vmm_pid", "started_at_us", "auto_pause",
+})  # fmt: skip
 
 
 class StoreError(Exception):
@@ -303,6 +305,15 @@ class Store:
         marks = ", ".join("?" * len(states))
         return self.db.execute(
             f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks})", tuple(map(str, states))
+        ).fetchone()[0]
+
+    def sum_memory_mib(self, states: Iterable[SandboxState]) -> int:
+        """Guest RAM of the sandboxes in `states` (space admission)."""
+        states = tuple(states)
+        marks = ", ".join("?" * len(states))
+        return self.db.execute(
+            f"SELECT COALESCE(SUM(memory_mib), 0) FROM sandboxes WHERE state IN ({marks})",
+            tuple(map(str, states)),
         ).fetchone()[0]
 
     def count_by_state(self) -> dict[SandboxState, int]:

@@ -42,6 +42,8 @@ async def create(client: httpx.AsyncClient, **body: object) -> dict:
         ("POST", "/v2/sandboxes/x/connect"), ("POST", "/sandboxes/x/connect"),
         ("GET", "/sandboxes/x/metrics"), ("GET", "/templates"),
         ("GET", "/templates/aliases/base"), ("POST", "/sandboxes/x/pause"),
+        ("POST", "/sandboxes/x/resume"), ("POST", "/sandboxes/x/fork"),
+        ("POST", "/sandboxes/x/snapshots"), ("GET", "/snapshots"), ("DELETE", "/templates/x"),
     ],
 )  # fmt: skip
 async def test_every_control_call_needs_the_key(
@@ -103,7 +105,7 @@ async def test_unknown_routes_and_methods_are_json(client: httpx.AsyncClient) ->
         (b'{"templateID": "base", "metadata": {"a": 1}}', "metadata"),
         (b'{"templateID": "base", "metadata": []}', "metadata"),
         (b'{"templateID": "base", "envVars": "x"}', "envVars"),
-        (b'{"templateID": "base", "autoPause": true}', "autoPause"),
+        (b'{"templateID": "base", "autoPause": "yes"}', "autoPause"),
         (b'{"templateID": "base", "autoResume": {"enabled": true}}', "autoResume"),
         (b'{"templateID": "base", "cpuCount": 0}', "cpuCount"),
         (b'{"templateID": "base", "memoryMB": 10}', "memoryMB"),
@@ -274,9 +276,6 @@ async def test_refreshes_extend(client: httpx.AsyncClient) -> None:
     assert_error(await client.post(f"/sandboxes/{sid}/refreshes", json={"duration": 4000}), 400)
 
 
-async def test_pause_is_not_there_yet(client: httpx.AsyncClient) -> None:
-    sid = (await create(client))["sandboxID"]
-    assert_error(await client.post(f"/sandboxes/{sid}/pause", json={}), 501, "pause")
 
 
 # -- listing ---------------------------------------------------------------------------------

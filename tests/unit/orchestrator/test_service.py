@@ -13,7 +13,6 @@ from aenv.orchestrator.errors import (
     NotFound,
     ShuttingDown,
     StateConflict,
-    Unsupported,
 )
 from aenv.orchestrator.fake import FakeRuntime
 from aenv.orchestrator.runtime_api import CapacityExceeded, TemplateNotFound
@@ -76,8 +75,8 @@ async def test_failed_boot_leaves_no_record(orch: Orchestrator, runtime: FakeRun
 
 
 async def test_auto_pause_and_timeouts_are_validated(orch: Orchestrator) -> None:
-    with pytest.raises(Unsupported, match="autoPause"):
-        await orch.create(req(auto_pause=True))
+    with pytest.raises(InvalidRequest, match="autoResume"):
+        await orch.create(req(auto_resume=True))
     with pytest.raises(InvalidRequest):
         await orch.create(req(timeout_s=-1))
     with pytest.raises(InvalidRequest, match="greater"):
@@ -265,11 +264,14 @@ async def _seed(config: Config, states: dict[str, SandboxState]) -> None:
 async def test_restart_recovery_table_without_adoption(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     await _seed(config, {str(s): s for s in S})
-    o = Orchestrator(config, FakeRuntime())
+    runtime = FakeRuntime()
+    # the paused state on disk of what was paused, pausing (finished) and resuming
+    runtime.paused = {sid: None for sid in ("paused", "pausing", "resuming")}  # type: ignore[misc]
+    o = Orchestrator(config, runtime)
     await o.start()
     try:
         left = {r.sandbox_id: r.state for r in o.store.all()}
-        assert left == {"paused": S.PAUSED, "resuming": S.PAUSED}
+        assert left == {"paused": S.PAUSED, "pausing": S.PAUSED, "resuming": S.PAUSED}
         assert len(o.routes) == 0
     finally:
         await o.close()
@@ -290,6 +292,7 @@ async def test_restart_readopts_what_the_runtime_still_runs(tmp_path: Path) -> N
             return ["cgroup:dead", "cgroup:mid"]
 
     runtime = Adopting()
+    runtime.paused = {"sleeping": None}  # type: ignore[dict-item]
     o = Orchestrator(config, runtime)
     await o.start()
     try:

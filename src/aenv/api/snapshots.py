@@ -1,0 +1,65 @@
+"""Named snapshots: take one of a running sandbox, list them, delete one.
+
+A snapshot id is usable as `templateID` in a create (so is a snapshot name: the newest
+snapshot carrying it). `DELETE /templates/{id}` is how E2B's SDK deletes a snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+
+from aenv.api import query
+from aenv.api.auth import require_api_key
+from aenv.api.models import Error, SandboxSnapshotRequest, SnapshotInfo
+from aenv.orchestrator import snapshots as snaps
+from aenv.orchestrator.service import Orchestrator
+
+router = APIRouter(
+    dependencies=[Depends(require_api_key)],
+    responses={s: {"model": Error} for s in (400, 401, 404, 409, 500, 507)},
+)
+
+
+def _orch(request: Request) -> Orchestrator:
+    return request.app.state.orchestrator
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+async def create_snapshot(
+    request: Request, sandbox_id: str,
+    body: Annotated[SandboxSnapshotRequest | None, Body()] = None,
+) -> SnapshotInfo:
+    """Snapshot a running sandbox (it keeps running). `name` (optional) is given to this
+    snapshot and resolves to the newest snapshot carrying it; `memory: false` is served as a
+    full snapshot."""
+    info = await _orch(request).snapshot(sandbox_id, body.name if body else None)
+    return SnapshotInfo(snapshotID=info.snapshot_id, names=list(info.names))
+
+
+@router.get("/snapshots")
+async def list_snapshots(
+    request: Request,
+    response: Response,
+    sandboxID: Annotated[str | None, Query(description="snapshots of this sandbox")] = None,
+    name: Annotated[str | None, Query(description="a snapshot name or id")] = None,
+    limit: Annotated[int | None, Query(ge=1, le=snaps.MAX_PAGE)] = None,
+    nextToken: Annotated[str | None, Query()] = None,
+) -> list[SnapshotInfo]:
+    """Newest first; `x-next-token` is set only when another page exists."""
+    items, nxt = _orch(request).list_snapshots(
+        sandbox_id=sandboxID or None, name=name or None, limit=limit or snaps.MAX_PAGE,
+        cursor=query.decode_cursor(nextToken),
+    )  # fmt: skip
+    if nxt is not None:
+        response.headers["x-next-token"] = query.encode_cursor(nxt)
+    return [SnapshotInfo(snapshotID=s.snapshot_id, names=list(s.names)) for s in items]
+
+
+@router.delete("/templates/{template_id:path}", status_code=204, response_class=Response)
+async def delete_snapshot(request: Request, template_id: str) -> Response:
+    """Delete a snapshot: it leaves listings at once; its space is reclaimed when nothing
+    uses it. Templates themselves are not deleted through the API (400)."""
+    _orch(request).delete_snapshot(template_id)
+    return Response(status_code=204)
