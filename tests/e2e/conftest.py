@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -168,8 +169,18 @@ def running_node(log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
         code = n.stop() if n.proc and n.proc.poll() is None else n.proc.returncode
         print(n.tail(200))
     assert code == 0, f"aenv server exit code {code}"
-    leaked = qemu_pids(n.env["AENV_INSTANCE"])
+    instance = n.env["AENV_INSTANCE"]
+    leaked = qemu_pids(instance)
     assert not leaked, f"QEMU processes left after the node stopped: {sorted(leaked)}"
+    vm_dirs = DATA_DIR / "sandboxes" / instance
+    files = sorted(p.name for p in vm_dirs.iterdir()) if vm_dirs.exists() else []
+    if not os.environ.get("AENV_INSTANCE") and "AENV_INSTANCE" not in n.extra_env:
+        # An instance of its own: what is left of it on the host is its empty directory and
+        # its database, and they go with it.
+        shutil.rmtree(vm_dirs, ignore_errors=True)
+        for f in DATA_DIR.glob(f"{instance}.db*"):
+            f.unlink()
+    assert not files, f"VM files left after the node stopped: {files}"
 
 
 @pytest.fixture(scope="module")
