@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,35 +26,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.host import DATA_DIR, free_port, qemu_pids
+
 ROOT = Path(__file__).resolve().parents[2]
 AENV = str(ROOT / ".venv" / "bin" / "aenv")
 API_KEY = "aenv-cli-test-key"
-DATA_DIR = Path(os.environ.get("AENV_E2E_DATA_DIR", "/var/lib/aenv"))
 START_DEADLINE_S = 90
 STOP_DEADLINE_S = 60
 ANSI = "\x1b["
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def qemu_pids(instance: str) -> set[int]:
-    """QEMU processes running a sandbox of this node instance (other nodes' don't count)."""
-    marker = str(DATA_DIR / "sandboxes" / instance).encode() + b"/"
-    pids = set()
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"qemu-system" in argv[0] and any(marker in a for a in argv):
-            pids.add(int(p.name))
-    return pids
 
 
 @dataclass

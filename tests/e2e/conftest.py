@@ -12,7 +12,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,8 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.host import DATA_DIR, free_port, qemu_pids
+
 API_KEY = "aenv-e2e-key"
-DATA_DIR = Path(os.environ.get("AENV_DATA_DIR", "/var/lib/aenv"))
 START_DEADLINE_S = 90
 STOP_DEADLINE_S = 60
 
@@ -44,30 +44,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def qemu_pids(instance: str | None = None) -> set[int]:
-    """QEMU processes running a sandbox of this data directory (others' QEMUs don't count);
-    with `instance`, only that node instance's (other nodes on the host may be booting)."""
-    marker = str(DATA_DIR / "sandboxes" / (instance or "")).rstrip("/").encode()
-    marker += b"/" if instance else b""
-    pids = set()
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"qemu-system" in argv[0] and any(marker in a for a in argv):
-            pids.add(int(p.name))
-    return pids
 
 
 @dataclass

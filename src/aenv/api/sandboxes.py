@@ -224,27 +224,18 @@ async def _connect(
     response_model_exclude_unset=True,
     responses={201: {"model": Sandbox, "description": "resumed"}},
 )
-async def connect_v2(
-    request: Request,
-    response: Response,
-    sandbox_id: str,
-    body: Annotated[ConnectSandbox | None, Body()] = None,
-) -> Sandbox:
-    """Running: extend-only TTL, 200. Paused: resume, 201."""
-    return await _connect(request, response, sandbox_id, body)
-
-
 @router.post(
     "/sandboxes/{sandbox_id}/connect",
     response_model_exclude_unset=True,
     responses={201: {"model": Sandbox, "description": "resumed"}},
 )
-async def connect_v1(
+async def connect(
     request: Request,
     response: Response,
     sandbox_id: str,
     body: Annotated[ConnectSandbox | None, Body()] = None,
 ) -> Sandbox:
+    """Running: extend-only TTL, 200. Paused: resume, 201. (v1 and v2 share it.)"""
     return await _connect(request, response, sandbox_id, body)
 
 
