@@ -341,6 +341,7 @@ class _Upload:
         self.user = user
         self.metadata = metadata
         self.fd = -1
+        self.created = False
         self._buf = bytearray()
 
     def __enter__(self) -> _Upload:
@@ -373,6 +374,7 @@ class _Upload:
             raise HTTPError(400, f"path is a directory: {path}") from None
         except OSError as e:
             raise self._error("error opening file", e) from None
+        self.created = not existed
         if not existed:
             chown(self.fd, user)
         self._write_metadata()
@@ -422,9 +424,25 @@ class _Upload:
     def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
         if self.fd < 0:
             return
+        failed = exc_type is not None
         try:
-            if exc_type is None and self._buf:
-                self._flush()
+            if not failed and self._buf:
+                try:
+                    self._flush()
+                except BaseException:
+                    failed = True
+                    raise
         finally:
+            if failed:
+                self._discard()
             os.close(self.fd)
             self.fd = -1
+
+    def _discard(self) -> None:
+        """A failed upload (full disk, client gone) leaves no half-written file behind, nor
+        the space it took. O_TRUNC already dropped an existing file's old content."""
+        with contextlib.suppress(OSError):
+            if self.created:
+                os.unlink(self.path)
+            else:
+                os.ftruncate(self.fd, 0)
