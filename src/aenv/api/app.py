@@ -9,6 +9,7 @@ else is the control plane, whose bodies are capped at `MAX_CONTROL_BODY` bytes (
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -78,10 +79,17 @@ class Node:
         self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain,
                                     resolve=self.orchestrator.route_for_paused)  # fmt: skip
         self.api = build_api(self)
+        self._health = _HEALTH
         self._started = False
 
     async def start(self) -> None:
         await self.orchestrator.start()
+        # Node info rides on /health: the accelerator the runtime detected (kvm or tcg).
+        accel = getattr(self.orchestrator.runtime, "accel", None)
+        self._health = json.dumps(
+            {"status": "ok", "version": aenv.__version__,
+             "accelerator": accel() if callable(accel) else None},
+            separators=(",", ":")).encode()
         self._started = True
 
     def begin_shutdown(self) -> None:
@@ -100,7 +108,7 @@ class Node:
             if target is not None:
                 await self.proxy.handle(scope, receive, send, target)
             elif kind == "http" and scope["path"] == "/health" and scope["method"] == "GET":
-                await _send_bytes(send, 200, _HEALTH)  # hot path: load balancers poll it
+                await _send_bytes(send, 200, self._health)  # hot path: load balancers poll it
             elif kind == "http":
                 await self._control(scope, receive, send)
             else:

@@ -177,3 +177,5 @@ class TemplateAlias(BaseModel):
 
 class Health(BaseModel):
     status: str
+    version: str | None = None
+    accelerator: str | None = None  # kvm or tcg, as the runtime detected it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
@@ -40,6 +41,7 @@ MAX_PAGE = 100
 _errors: dict[int | str, dict[str, object]] = {
     s: {"model": Error} for s in (400, 401, 404, 409, 429, 500, 507)
 }
+log = logging.getLogger("aenv.api")
 router = APIRouter(dependencies=[Depends(require_api_key)], responses=_errors)
 
 
@@ -95,8 +97,9 @@ def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
 
 
 def _unsupported_options(body: NewSandbox) -> None:
-    if body.allow_internet_access is False:
-        raise Unsupported("allow_internet_access=false is not supported yet: egress is open")
+    if body.allow_internet_access:
+        # Egress is denied in every mode until an egress policy exists: accepted, logged.
+        log.info("allow_internet_access=true requested; egress stays denied (no egress policy)")
     if body.network and any(v not in (None, [], {}, False) for v in body.network.values()):
         raise Unsupported("network rules are not supported yet")
     if body.mcp:
