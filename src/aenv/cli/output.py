@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -133,3 +134,23 @@ def size(n: int | float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def build_progress() -> tuple[Callable[[str], None], Callable[[], None]]:
+    """A spinner with the current step on a terminal; timestamped lines otherwise."""
+    t0 = time.monotonic()
+    console = err()
+    if not console.is_terminal:
+        def say(msg: str) -> None:
+            print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+        return say, lambda: None
+    status = console.status("starting")
+    status.start()
+
+    def say_tty(msg: str) -> None:
+        console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {msg}", markup=True,
+                      highlight=False)  # fmt: skip
+        status.update(msg)
+
+    return say_tty, status.stop

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
-from collections.abc import Callable
 
 import typer
 
 from aenv import config as config_mod
+from aenv.cli.output import build_progress
 from aenv.orchestrator.builder import BuildError, build_template
 from aenv.orchestrator.runtime import Runtime
 from aenv.storage.datafs import DataFsError
@@ -21,19 +20,10 @@ from aenv.storage.rootfs import RootfsError
 from aenv.vmm.base import VmmError
 
 
-def _progress() -> Callable[[str], None]:
-    t0 = time.monotonic()
-
-    def say(msg: str) -> None:
-        print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-    return say
-
-
 async def _setup(templates: list[str], force: bool) -> None:
     cfg = config_mod.load()
     rt = Runtime(cfg)
-    say = _progress()
+    say, stop = build_progress()  # a spinner on a terminal, timestamped lines otherwise
     await rt.start()
     try:
         await rt.reclaim()
@@ -42,6 +32,7 @@ async def _setup(templates: list[str], force: bool) -> None:
             await build_template(rt, name, recipe or ("debian" if name == "base" else name),
                                  progress=say, force=force)
     finally:
+        stop()
         await rt.close()
 
 

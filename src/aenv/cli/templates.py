@@ -16,10 +16,8 @@ import logging
 import os
 import secrets
 import shutil
-import sys
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,26 +104,6 @@ def rm(templates: TemplateNames) -> None:
 # --- build ------------------------------------------------------------------------------------
 
 
-def _progress() -> tuple[Callable[[str], None], Callable[[], None]]:
-    """A spinner with the current step on a terminal; timestamped lines otherwise."""
-    t0 = time.monotonic()
-    console = output.err()
-    if not console.is_terminal:
-        def say(msg: str) -> None:
-            print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-        return say, lambda: None
-    status = console.status("starting")
-    status.start()
-
-    def say_tty(msg: str) -> None:
-        console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {msg}", markup=True,
-                      highlight=False)  # fmt: skip
-        status.update(msg)
-
-    return say_tty, status.stop
-
-
 def _tree_fingerprint(root: Path) -> str:
     """A cheap content key of a directory (paths, sizes, mtimes), for the rootfs cache."""
     h = hashlib.sha256()
@@ -209,7 +187,7 @@ def build(
     # The runtime's own warnings (e.g. slots other nodes hold) are not the user's business;
     # failures reach them as exceptions.
     logging.basicConfig(level=logging.ERROR, format="aenv: %(name)s: %(message)s")
-    say, stop = _progress()
+    say, stop = output.build_progress()
     try:
         template = asyncio.run(_build(cfg, name, recipe, shape, source, force, say))
     except KeyboardInterrupt:
