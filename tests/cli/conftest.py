@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,18 +25,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.host import DATA_DIR, free_port, qemu_pids
+from tests.support.host import DATA_DIR, ServerProcess, free_port, qemu_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 AENV = str(ROOT / ".venv" / "bin" / "aenv")
 API_KEY = "aenv-cli-test-key"
 START_DEADLINE_S = 90
-STOP_DEADLINE_S = 60
 ANSI = "\x1b["
 
 
 @dataclass
-class Node:
+class Node(ServerProcess):
     """One `aenv server` child and a way to run the CLI against it."""
 
     port: int
@@ -90,28 +88,6 @@ class Node:
             for sid in ids:
                 c.delete(f"/sandboxes/{sid}")
         return ids
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(STOP_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            self.kill9()
-            pytest.fail(f"aenv server ignored SIGTERM:\n{self.tail()}")
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import contextlib
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,11 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.host import DATA_DIR, free_port, qemu_pids
+from tests.support.host import DATA_DIR, ServerProcess, free_port, qemu_pids
 
 API_KEY = "aenv-e2e-key"
 START_DEADLINE_S = 90
-STOP_DEADLINE_S = 60
 
 
 def _runtime_missing() -> str | None:
@@ -47,7 +45,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @dataclass
-class NodeProcess:
+class NodeProcess(ServerProcess):
     """One `aenv server` child. `origin` is its base URL; `log` its stderr."""
 
     port: int
@@ -94,26 +92,6 @@ class NodeProcess:
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.origin, headers={"X-API-Key": API_KEY}, timeout=120)
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(STOP_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            self.kill9()
-            pytest.fail(f"aenv server ignored SIGTERM for {STOP_DEADLINE_S} s:\n{self.tail()}")
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
 
 def require_base_template(node: NodeProcess) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 from pathlib import Path
 
 DATA_DIR = Path(os.environ.get("AENV_DATA_DIR", "/var/lib/aenv"))
+STOP_DEADLINE_S = 60
 
 
 def free_port() -> int:
@@ -31,3 +34,35 @@ def qemu_pids(instance: str | None = None, data_dir: Path = DATA_DIR) -> set[int
         if b"qemu-system" in argv[0] and any(marker in a for a in argv):
             pids.add(int(p.name))
     return pids
+
+
+class ServerProcess:
+    """Stopping and reading an `aenv server` child; the class using it has `proc` and `log`."""
+
+    proc: subprocess.Popen[bytes] | None
+    log: Path
+
+    def stop(self) -> int:
+        """SIGTERM, then its exit code; a node that ignores SIGTERM fails the test."""
+        import pytest
+
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            pytest.fail(f"aenv server ignored SIGTERM for {STOP_DEADLINE_S} s:\n{self.tail()}")
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
