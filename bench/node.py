@@ -14,6 +14,12 @@ Nothing is asserted (targets live in the issue notes).
   by one; overhead = p50(proxied) - p50(direct), and the median of the paired differences.
   Under TCG a command's own time varies by tens of ms, which swamps a sub-ms overhead; the
   `GET /health` rows and the stand-in-agent rows below measure the proxy itself.
+- WebSocket echo: round trips of an 8-byte binary message on one open WebSocket to a
+  stdlib echo server (`tests/support/ws_echo.py`) started in the sandbox with the SDK,
+  through the node (header routing) and straight at `ws://<slot address>:8765`, alternated
+  one by one (`--ws-runs`, default 1000 each); also against a local echo server in the
+  fake-runtime part. The client offers no compression, as the echo server takes none: with
+  permessage-deflate on the client's hop the node spends ~0.15 ms more per round trip.
 - the proxy alone: a node with AENV_RUNTIME=fake in front of a local stand-in agent (a
   minimal HTTP/1.1 server): latency via the node vs direct, the node's CPU per proxied
   request, and proxied vs direct req/s.
@@ -42,6 +48,8 @@ import httpx
 
 AGENT_PORT = 49983
 DATA_DIR = Path(os.environ.get("AENV_DATA_DIR", "/var/lib/aenv"))
+WS_ECHO = Path(__file__).resolve().parent.parent / "tests" / "support" / "ws_echo.py"
+WS_PORT = 8765
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -193,7 +201,39 @@ def overhead(via: list[float], direct: list[float]) -> str:
 Samples = list[tuple[str, list[float], list[float]]]
 
 
-def bench_proxy(node: Node, runs: int, seconds: int) -> tuple[Samples, tuple[float, str]]:
+def ws_echo(via: str, headers: dict[str, str], direct: str, runs: int) -> tuple[
+        list[float], list[float]]:  # fmt: skip
+    """Round trips of a small binary message on one WebSocket each: via the node, direct."""
+    from websockets.sync.client import connect
+
+    msg = b"8 bytes!"
+
+    def round_trip(c) -> None:  # type: ignore[no-untyped-def]
+        c.send(msg)
+        assert c.recv(timeout=30) == msg
+
+    with connect(via, additional_headers=headers, proxy=None, compression=None) as pc, \
+            connect(direct, proxy=None, compression=None) as dc:  # fmt: skip
+        return interleaved(lambda: round_trip(pc), lambda: round_trip(dc), runs)
+
+
+def wait_ws(uri: str, deadline_s: float = 60) -> None:
+    from websockets.sync.client import connect
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            with connect(uri, proxy=None, open_timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def bench_proxy(
+    node: Node, runs: int, seconds: int, ws_runs: int
+) -> tuple[Samples, tuple[float, str]]:
     from e2b import Sandbox
 
     os.environ.update(E2B_API_URL=node.origin, E2B_SANDBOX_URL=node.origin, E2B_API_KEY=node.key)
@@ -214,6 +254,14 @@ def bench_proxy(node: Node, runs: int, seconds: int) -> tuple[Samples, tuple[flo
                                    lambda: dc.get("/health").raise_for_status(),
                                    runs * 3)  # fmt: skip
         rows.append(("GET /health (agent)", h_p, h_d))
+        sbx.files.write("/tmp/ws_echo.py", WS_ECHO.read_text())
+        sbx.commands.run(f"python3 /tmp/ws_echo.py {WS_PORT}", background=True)
+        direct_ws = f"ws://{slot}:{WS_PORT}/"
+        wait_ws(direct_ws)
+        ws_hdr = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(WS_PORT)}
+        via_ws = node.origin.replace("http://", "ws://") + "/"
+        ws_p, ws_d = ws_echo(via_ws, ws_hdr, direct_ws, ws_runs)
+        rows.append(("WebSocket echo (8 B)", ws_p, ws_d))
         return rows, rps(node.origin + "/health", seconds, hdr)
     finally:
         sbx.kill()
@@ -243,10 +291,12 @@ async def serve_upstream(port: int) -> None:
         await server.serve_forever()
 
 
-def bench_proxy_isolated(runs: int, seconds: int) -> list[tuple[str, str]]:
+def bench_proxy_isolated(runs: int, seconds: int, ws_runs: int) -> list[tuple[str, str]]:
     """The proxy alone: a node with AENV_RUNTIME=fake in front of a local stand-in agent."""
     up_port = free_port()
     up = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)])
+    ws_port = free_port()
+    ws_up = subprocess.Popen([sys.executable, str(WS_ECHO), str(ws_port)])
     node = Node(Path(tempfile.mkdtemp(prefix="aenv-bench-")) / "server.log", AENV_RUNTIME="fake")
     rows = []
     try:
@@ -273,10 +323,22 @@ def bench_proxy_isolated(runs: int, seconds: int) -> list[tuple[str, str]]:
         rows.append((f"proxied GET req/s ({how})", f"{r:,.0f}"))
         r, how = rps(direct_url + "/health", seconds)
         rows.append((f"direct GET req/s ({how})", f"{r:,.0f}"))
+        direct_ws = f"ws://127.0.0.1:{ws_port}/"
+        wait_ws(direct_ws)
+        ws_hdr = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": str(ws_port)}
+        via, direct = ws_echo(node.origin.replace("http://", "ws://") + "/", ws_hdr, direct_ws,
+                              ws_runs)  # fmt: skip
+        rows += [
+            (f"WebSocket echo via node p50 / p95 (n={ws_runs})",
+             f"{ms(pct(via, 50))} / {ms(pct(via, 95))}"),
+            ("WebSocket echo direct p50 / p95", f"{ms(pct(direct, 50))} / {ms(pct(direct, 95))}"),
+            ("WebSocket proxy overhead (p50 diff)", overhead(via, direct)),
+        ]  # fmt: skip
     finally:
         node.stop()
-        up.terminate()
-        up.wait()
+        for p in (up, ws_up):
+            p.terminate()
+            p.wait()
     return [(f"[fake runtime, local upstream] {k}", v) for k, v in rows]
 
 
@@ -322,6 +384,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20, help="creates to time")
     ap.add_argument("--runs", type=int, default=300, help="commands.run('true') per path")
     ap.add_argument("--seconds", type=int, default=5, help="GET /health load duration")
+    ap.add_argument("--ws-runs", type=int, default=1000, help="WebSocket echoes per path")
     ap.add_argument("--only", choices=["vm", "proxy"], help="only the real-VM part, or only "
                     "the proxy against a local stand-in agent (no VMs)")  # fmt: skip
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
@@ -333,7 +396,7 @@ def main() -> None:
     if args.only != "proxy":
         rows += bench_vm(args)
     if args.only != "vm":
-        rows += bench_proxy_isolated(args.runs * 3, args.seconds)
+        rows += bench_proxy_isolated(args.runs * 3, args.seconds, args.ws_runs)
     w = max(len(k) for k, _ in rows)
     print(f"{'metric':<{w}}  value")
     print("-" * (w + 20))
@@ -359,7 +422,7 @@ def bench_vm(args: argparse.Namespace) -> list[tuple[str, str]]:
             elif name.startswith(("create", "kill")):
                 rows.append((f"  stage {name} p50 / p95 (n={len(xs)})",
                              f"{ms(pct(xs, 50))} / {ms(pct(xs, 95))}"))  # fmt: skip
-        proxy_rows, proxied_rps = bench_proxy(node, args.runs, args.seconds)
+        proxy_rows, proxied_rps = bench_proxy(node, args.runs, args.seconds, args.ws_runs)
         for what, via, direct in proxy_rows:
             rows.append((f"{what} via node p50 / p95 (n={len(via)})",
                          f"{ms(pct(via, 50))} / {ms(pct(via, 95))}"))  # fmt: skip

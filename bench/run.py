@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["runtime.py", "snapshots.py", "agent.py", "api.py", "node.py"]
+BENCHES = ["runtime.py", "snapshots.py", "agent.py", "api.py", "node.py", "recovery.py",
+           "memory.py", "cycles.py"]
 
 
 def main() -> int:

@@ -13,7 +13,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from aenv import faults
+
 ENV_PREFIX = "AENV_"
+# A node instance name (`Config.instance`); the leak census parses names built from it.
+INSTANCE_PATTERN = r"[a-z][a-z0-9]{0,7}"
 DEFAULT_CONFIG_FILE = Path("/etc/aenv/config.toml")
 
 
@@ -32,7 +36,7 @@ class Config(BaseModel):
     # Names what this node owns on the host (slot namespaces, cgroups, VM directories,
     # database), so several nodes (e.g. concurrent test runs) can share one data directory's
     # templates and artifacts without touching each other's sandboxes.
-    instance: str = Field("aenv", pattern=r"^[a-z][a-z0-9]{0,7}$")
+    instance: str = Field("aenv", pattern=rf"^{INSTANCE_PATTERN}$")
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -84,6 +88,21 @@ class Config(BaseModel):
     transition_wait_s: float = Field(120.0, gt=0)
     # After SIGTERM, how long open requests get to finish before VMs are ended anyway.
     shutdown_grace_s: float = Field(10.0, ge=0)
+    # Crash testing only: named fault points to arm, "point=exit,point2=kill" (aenv.faults).
+    # An armed point ends the node abruptly when an operation reaches it.
+    faults: str = ""
+    # The snapshot scrubber re-hashes every stored snapshot's chunks this often (0: off);
+    # silent corruption of files at rest is rare, so hours are enough.
+    scrub_interval_s: float = Field(21600.0, ge=0)
+    # ...reading at most this fast (holes cost nothing), so a pass does not take the CPU
+    # and disk bandwidth sandboxes need: 64 MiB/s is ~5% of one core at ~1.2 GB/s SHA-256.
+    scrub_rate_mib_s: float = Field(64.0, gt=0)
+
+    @field_validator("faults")
+    @classmethod
+    def _known_faults(cls, v: str) -> str:
+        faults.parse(v)  # an unknown point or action fails at start-up, not never
+        return v
 
     @field_validator("data_dir", "kernel_path", mode="after")
     @classmethod
@@ -140,6 +159,9 @@ _SIMPLE_ENV = {
     "METRICS_INTERVAL_S": "metrics_interval_s",
     "TRANSITION_WAIT_S": "transition_wait_s",
     "SHUTDOWN_GRACE_S": "shutdown_grace_s",
+    "FAULTS": "faults",
+    "SCRUB_INTERVAL_S": "scrub_interval_s",
+    "SCRUB_RATE_MIB_S": "scrub_rate_mib_s",
 }
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,7 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.host import DATA_DIR, ServerProcess, free_port, qemu_pids
+from tests.support import census
+from tests.support.host import (  # noqa: F401 (re-exported)
+    DATA_DIR,
+    ServerProcess,
+    free_port,
+    qemu_pids,
+)
 
 API_KEY = "aenv-e2e-key"
 START_DEADLINE_S = 90
@@ -103,12 +108,15 @@ def require_base_template(node: NodeProcess) -> None:
 
 @contextlib.contextmanager
 def running_node(log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
-    """A node with the SDK's env pointed at it; checked for leaks after (sandboxes, QEMUs)."""
+    """A node with the SDK's env pointed at it; after it stops, the leak census of its
+    instance must be clean. An instance of its own is then released (database, directory,
+    and whatever a failed node left), whether the test passed or not."""
+    own = not os.environ.get("AENV_INSTANCE") and "AENV_INSTANCE" not in extra_env
     n = NodeProcess(free_port(), log_dir / "server.log", extra_env=extra_env)
-    n.start()
     saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    os.environ.update(E2B_API_URL=n.origin, E2B_SANDBOX_URL=n.origin, E2B_API_KEY=API_KEY)
     try:
+        n.start()
+        os.environ.update(E2B_API_URL=n.origin, E2B_SANDBOX_URL=n.origin, E2B_API_KEY=API_KEY)
         require_base_template(n)
         yield n
         with n.api() as c:
@@ -120,21 +128,28 @@ def running_node(log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        code = n.stop() if n.proc and n.proc.poll() is None else n.proc.returncode
+        code = n.stop() if n.proc and n.proc.poll() is None else n.proc and n.proc.returncode
         print(n.tail(200))
+        instance = n.env.get("AENV_INSTANCE", "")
+        leaks = census.check_stopped(instance) if instance else []
+        if own and instance:
+            census.release(instance)
     assert code == 0, f"aenv server exit code {code}"
-    instance = n.env["AENV_INSTANCE"]
-    leaked = qemu_pids(instance)
-    assert not leaked, f"QEMU processes left after the node stopped: {sorted(leaked)}"
-    vm_dirs = DATA_DIR / "sandboxes" / instance
-    files = sorted(p.name for p in vm_dirs.iterdir()) if vm_dirs.exists() else []
-    if not os.environ.get("AENV_INSTANCE") and "AENV_INSTANCE" not in n.extra_env:
-        # An instance of its own: what is left of it on the host is its empty directory and
-        # its database, and they go with it.
-        shutil.rmtree(vm_dirs, ignore_errors=True)
-        for f in DATA_DIR.glob(f"{instance}.db*"):
-            f.unlink()
-    assert not files, f"VM files left after the node stopped: {files}"
+    assert not leaks, "left after the node stopped:\n" + "\n".join(leaks)
+
+
+@pytest.fixture
+def instance() -> Iterator[str]:
+    """A node instance of its own for a test whose node processes succeed one another (kill
+    -9 and restart); its census must be clean after, and then it is released."""
+    name = os.environ.get("AENV_INSTANCE") or census.new_instance()
+    try:
+        yield name
+        leaks = census.check_stopped(name)
+        assert not leaks, f"left by instance {name}:\n" + "\n".join(leaks)
+    finally:
+        if not os.environ.get("AENV_INSTANCE"):
+            census.release(name)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,12 @@ To reach past the 404s, some cases get a real sandbox id in the path and some cr
 `base` template; whatever a case makes (sandboxes, forks, snapshots) is removed right after
 it, and nothing of it is left at the end. Besides, every control-plane operation answers
 401 without the key or with a wrong one.
+
+A stateful run follows the document's OpenAPI links (create -> get/pause/fork/snapshot/...,
+pause -> resume/connect, snapshot -> delete/create-from) for `STATEFUL_SCENARIOS` sequences of
+up to `STATEFUL_STEPS` calls, with the same checks (`ignored_auth` replays every 2xx call
+without the key and with a wrong one: both must be 401); each sequence ends with everything
+it made removed. The test prints how many requests each run made.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 POSITIVE = 10  # examples per operation and mode; ~20 operations -> ~300 requests
 NEGATIVE = 5
+STATEFUL_SCENARIOS = 20  # hypothesis examples: call sequences from a root operation
+STATEFUL_STEPS = 8  # calls per sequence at most (hypothesis' stateful_step_count)
+# Create fields a stateful sequence keeps (shape and unsupported options are the stateless
+# run's business: they end a sequence at its first call).
+STATEFUL_CREATE_KEYS = {"templateID", "timeout", "metadata", "envVars", "autoPause", "secure"}
 PUBLIC = {"/health", "/metrics", "/openapi.json"}
 CREATES = {"/v2/sandboxes", "/sandboxes"}
 ALLOWED_5XX = {501, 507}
@@ -79,6 +90,17 @@ CHECKS = [
 ]
 
 
+def _checks(case: Any) -> list[Any]:
+    """CHECKS, less `negative_data_rejection` for a negative case that ended up omitting an
+    optional body: that request is valid, whatever schemathesis mutated it from (it flagged a
+    real sandbox's bodyless `connect`/`refreshes` answering 2xx)."""
+    raw = case.operation.definition.raw
+    if (case.meta.generation.mode.is_negative and case.body is NOT_SET
+            and "requestBody" in raw and not raw["requestBody"].get("required")):  # fmt: skip
+        return [c for c in CHECKS if c is not oa.negative_data_rejection]
+    return CHECKS
+
+
 class Sandboxes:
     """One running sandbox whose id the fuzzer may put in paths, recreated (a bounded number of
     times) when the fuzzer killed or paused it; and cleanup of whatever the fuzzer made."""
@@ -89,6 +111,7 @@ class Sandboxes:
         self.api = api
         self.current: str | None = None
         self.created: set[str] = set()  # every sandbox id seen in a response, to clean up
+        self.snapshots: set[str] = set()  # every snapshot id seen in a response
         self.creates = 0
         self.statuses: Counter[tuple[str, int]] = Counter()  # (operation, status) -> count
 
@@ -110,27 +133,40 @@ class Sandboxes:
         self.created.add(self.current)
         return self.current
 
-    def clean_after(self, op: Any, response: Any) -> None:
-        """Kill the sandboxes and delete the snapshots a successful POST made (create, fork,
-        snapshot), so that the next case finds capacity."""
+    def remember(self, op: Any, response: Any) -> tuple[set[str], set[str]]:
+        """The sandbox and snapshot ids a successful POST made (create, fork, snapshot); the
+        sandboxes are kept in `created` for the final check."""
         if op.method.upper() != "POST" or not 200 <= response.status_code < 300:
-            return
+            return set(), set()
         try:
             doc = response.json()
         except ValueError:
-            return
+            return set(), set()
+        sids, snaps = set(), set()
         for key, value in _walk(doc):
             if key == "sandboxID" and isinstance(value, str) and SID.match(value):
-                self.created.add(value)
-                if value != self.current:
-                    assert self.api.delete(f"/sandboxes/{value}").status_code in (204, 404)
+                sids.add(value)
             elif key == "snapshotID" and isinstance(value, str):
-                assert self.api.delete(f"/templates/{value}").status_code in (204, 404)
+                snaps.add(value)
+        self.created |= sids
+        self.snapshots |= snaps
+        return sids, snaps
+
+    def clean_after(self, op: Any, response: Any) -> None:
+        """Kill the sandboxes and delete the snapshots a successful POST made, so that the next
+        case finds capacity."""
+        sids, snaps = self.remember(op, response)
+        for value in sids - {self.current}:
+            assert self.api.delete(f"/sandboxes/{value}").status_code in (204, 404)
+        for value in snaps:
+            assert self.api.delete(f"/templates/{value}").status_code in (204, 404)
 
     def kill_all(self) -> None:
         for s in self.api.get("/v2/sandboxes").json():
             self.api.delete(f"/sandboxes/{s['sandboxID']}")
         self.current = None
+        for snap in self.snapshots:
+            assert self.api.delete(f"/templates/{snap}").status_code in (204, 404)
         for sid in self.created:
             r = self.api.get("/snapshots", params={"sandboxID": sid})
             for snap in r.json() if r.status_code == 200 else []:
@@ -181,8 +217,6 @@ def _fuzz(op: Any, mode: GenerationMode, n: int, pool: Sandboxes, origin: str) -
         kwargs["path_parameters"] = {p.name: sid if p.name == "sandbox_id" else "base"
                                      for p in op.path_parameters}  # fmt: skip
 
-    body_required = bool(op.definition.raw.get("requestBody", {}).get("required"))
-
     @settings(
         max_examples=n, derandomize=True, database=None, deadline=None,
         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
@@ -190,10 +224,6 @@ def _fuzz(op: Any, mode: GenerationMode, n: int, pool: Sandboxes, origin: str) -
     @given(case=op.as_strategy(generation_mode=mode, **kwargs), real_id=st.booleans(),
            base=st.booleans())  # fmt: skip
     def run(case: Any, real_id: bool, base: bool) -> None:
-        if mode.is_negative and case.body is NOT_SET and not body_required:
-            # An omitted optional body is valid, whatever schemathesis mutated it from (it
-            # flagged a real sandbox's bodyless `connect`/`refreshes` answering 2xx).
-            return
         if real_id and "sandbox_id" in (case.path_parameters or {}):
             sid = pool.live_id()
             if sid is not None:
@@ -204,7 +234,7 @@ def _fuzz(op: Any, mode: GenerationMode, n: int, pool: Sandboxes, origin: str) -
                               "timeout": 120}  # fmt: skip
         response = case.call(**kw)
         try:
-            case.validate_response(response, checks=CHECKS, headers=kw["headers"],
+            case.validate_response(response, checks=_checks(case), headers=kw["headers"],
                                    transport_kwargs=kw)  # fmt: skip
         finally:
             pool.statuses[(op.label, response.status_code)] += 1
@@ -234,9 +264,60 @@ def test_fuzz_openapi(capped: NodeProcess, sandboxes: Sandboxes) -> None:
     sandboxes.kill_all()
     for (label, status), count in sorted(sandboxes.statuses.items()):
         print(f"{count:4d} x {status} {label}")
+    print(f"stateless: {sandboxes.statuses.total()} requests")
     assert not failures, "\n\n".join(failures)
     assert sandboxes.statuses.total() >= 250, sandboxes.statuses.total()
     assert sandboxes.created, "the fuzzer never reached a real sandbox"
+    assert sandboxes.snapshots_left() == []
+
+
+def test_fuzz_openapi_stateful(capped: NodeProcess, sandboxes: Sandboxes) -> None:
+    schema = schemathesis.openapi.from_url(capped.origin + "/openapi.json", config=CONFIG)
+    steps: Counter[tuple[str, int]] = Counter()
+    kwargs: dict[str, Any] = {"base_url": capped.origin, "headers": {"X-API-Key": API_KEY},
+                              "timeout": 120}  # fmt: skip
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def before_call(self, case: Any) -> None:
+            # A positive create gets a template that exists (or keeps the snapshot a link put
+            # there) and no option this node refuses: sequences must get past their create.
+            body = case.body
+            if (case.operation.path in CREATES and isinstance(body, dict)
+                    and case.meta.generation.mode.is_positive):  # fmt: skip
+                keep = {k: v for k, v in body.items() if k in STATEFUL_CREATE_KEYS}
+                if keep.get("templateID") not in sandboxes.snapshots:
+                    keep["templateID"] = "base"
+                case.body = keep
+
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return kwargs
+
+        def validate_response(self, response: Any, case: Any, additional_checks: Any = None,
+                              **kw: Any) -> None:  # fmt: skip
+            steps[(case.operation.label, response.status_code)] += 1
+            try:
+                case.validate_response(response, checks=_checks(case),
+                                       headers=kwargs["headers"], transport_kwargs=kw)  # fmt: skip
+            finally:
+                sandboxes.remember(case.operation, response)
+
+        def teardown(self) -> None:
+            sandboxes.kill_all()  # every sequence starts with the node empty (it is capped)
+
+    Workflow.run(settings=settings(
+        max_examples=STATEFUL_SCENARIOS, stateful_step_count=STATEFUL_STEPS, derandomize=True,
+        database=None, deadline=None, phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    ))  # fmt: skip
+    for (label, status), count in sorted(steps.items()):
+        print(f"{count:4d} x {status} {label}")
+    linked = {label for (label, status) in steps if "{" in label and status < 300}
+    auth_probes = 2 * sum(c for (label, status), c in steps.items()
+                          if 200 <= status < 300 and label.split()[1] not in PUBLIC)  # fmt: skip
+    print(f"stateful: {steps.total()} calls in {STATEFUL_SCENARIOS} sequences, "
+          f"{auth_probes} auth-bypass probes (all 401)")
+    # The links took sequences past create: real ids reached operations on one sandbox.
+    assert len(linked) >= 4, sorted(steps)
     assert sandboxes.snapshots_left() == []
 
 

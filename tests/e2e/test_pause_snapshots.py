@@ -234,6 +234,32 @@ def test_sixteen_forks_read_distinct_randomness(node: NodeProcess) -> None:
         sbx.kill()
 
 
+def test_a_resume_and_restores_of_one_state_read_distinct_randomness(node: NodeProcess) -> None:
+    """One memory state brought back several ways, a resume of the paused sandbox and creates
+    from a snapshot taken just before the pause, shares no RNG output: every restore pushes
+    fresh entropy to /init and the guest reseeds before answering (forks: the test above)."""
+    sbx = Sandbox.create(timeout=300)
+    made: list[Sandbox] = []
+    snap = None
+    try:
+        snap = sbx.create_snapshot().snapshot_id
+        assert sbx.pause() is True
+        values = [Sandbox.connect(sbx.sandbox_id).commands.run(RANDOM).stdout]
+        for _ in range(3):
+            made.append(Sandbox.create(template=snap, timeout=300))
+            values.append(made[-1].commands.run(RANDOM).stdout)
+        assert sbx.pause() is True  # and a second resume of the same sandbox
+        values.append(Sandbox.connect(sbx.sandbox_id).commands.run(RANDOM).stdout)
+        assert all(len(v) == 32 for v in values), values
+        assert len(set(values)) == len(values), values
+    finally:
+        for s in made:
+            s.kill()
+        sbx.kill()
+        if snap:
+            Sandbox.delete_snapshot(snap)
+
+
 def test_auto_pause_at_timeout_and_auto_resume_on_traffic(node: NodeProcess) -> None:
     auto = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause", "auto_resume": True})
     plain = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 import aenv
-from aenv.api import errors, sandboxes, snapshots, system, templates
+from aenv.api import errors, links, sandboxes, snapshots, system, templates
 from aenv.api.auth import resolve_api_key
 from aenv.api.proxy import DataPlaneProxy, send_json
 from aenv.config import Config
@@ -64,6 +64,7 @@ def _openapi(api: FastAPI) -> dict[str, Any]:
         schemas = doc.get("components", {}).get("schemas", {})
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)
+        links.add_links(doc)
         api.openapi_schema = doc
     return api.openapi_schema
 

@@ -1,4 +1,5 @@
-"""One table from exceptions to E2B error bodies `{"code": <status>, "message": "..."}`."""
+"""One table from exceptions to E2B error bodies `{"code": <status>, "message": "..."}`,
+plus E2B's optional machine-readable `"error_code"` where an error class names one."""
 
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ class ApiError(Exception):
 
 
 def error_response(
-    status: int, message: str, headers: dict[str, str] | None = None
+    status: int, message: str, headers: dict[str, str] | None = None,
+    error_code: str | None = None,
 ) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+    body: dict[str, Any] = {"code": status, "message": message}
+    if error_code:
+        body["error_code"] = error_code
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -67,7 +72,8 @@ def install(app: FastAPI) -> None:
         if status >= 500:
             log.error("api.runtime_error", exc_info=exc,
                       extra={"kv": {"path": request.url.path}})  # fmt: skip
-        return error_response(status, str(exc) or type(exc).__name__, headers)
+        return error_response(status, str(exc) or type(exc).__name__, headers,
+                              getattr(exc, "error_code", None))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

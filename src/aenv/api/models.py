@@ -22,6 +22,16 @@ class AutoResume(_Body):
     enabled: StrictBool = False
 
 
+class SandboxNetwork(_Body):
+    """E2B's `SandboxNetworkConfig`. allowOut/denyOut (IPv4 addresses and CIDRs) are
+    enforced per sandbox (docs/security.md, "Egress"); any other key set is a 400."""
+
+    model_config = ConfigDict(extra="allow")
+
+    allowOut: list[StrictStr] | None = None
+    denyOut: list[StrictStr] | None = None
+
+
 class NewSandbox(_Body):
     """`NewSandboxV2` (POST /v2/sandboxes) and `NewSandbox` (POST /sandboxes)."""
 
@@ -31,10 +41,11 @@ class NewSandbox(_Body):
     envVars: StrMap | None = None
     secure: StrictBool | None = Field(None, description="v1 only: false omits envdAccessToken")
     autoPause: StrictBool | None = None
-    autoPauseMemory: StrictBool | None = None
+    autoPauseMemory: StrictBool | None = Field(
+        None, description="false: the timeout auto-pause is filesystem-only (resume reboots)")
     autoResume: AutoResume | None = None
     allow_internet_access: StrictBool | None = None
-    network: dict[str, Any] | None = None
+    network: SandboxNetwork | None = None
     mcp: dict[str, Any] | None = None
     volumeMounts: list[Any] | None = None
     # aenv extensions: the machine shape (defaults: the template's).
@@ -48,13 +59,15 @@ class NewSandbox(_Body):
 
 class ConnectSandbox(_Body):
     timeout: Seconds | None = None
-    memory: StrictBool | None = None
+    memory: StrictBool | None = Field(
+        None, description="false: resume a paused sandbox by reboot, discarding its memory")
 
 
 class SandboxPauseRequest(_Body):
     memory: StrictBool | None = Field(
-        None, description="false: E2B's filesystem-only pause; served as a full pause")
-    requireHealthyGuest: StrictBool | None = None
+        None, description="false: filesystem-only pause (only the disk is kept)")
+    requireHealthyGuest: StrictBool | None = Field(
+        None, description="true: 503 and no pause if the guest's agent does not answer")
 
 
 class ResumedSandbox(_Body):

@@ -8,15 +8,20 @@ A request is data plane when it names a sandbox, in this order:
 4. `/files` with a `signature` query parameter and none of the above: the running sandbox
    whose access token verifies the signature (e2b-compat.md 6.2).
 
-Bodies stream both ways through a lean keep-alive HTTP/1.1 client (`upstream.py`, a pool
-per upstream address); nothing is buffered. Hop-by-hop and routing headers are stripped. An
-unknown, paused or dead sandbox gets 502 "was not found", except a paused one created with
-`autoResume`: the request resumes it (`resolve`) and then goes through. For a sandbox with
-an access token, requests to the agent port must carry `X-Access-Token` (except
-`GET /health`, and `/files` with a valid signature). Killing a sandbox aborts its open
-exchanges: the client sees the connection drop.
+Bodies stream both ways, full duplex, through a lean keep-alive HTTP/1.1 client
+(`upstream.py`, a pool per upstream address): the response streams back while the request
+body may still be going up, and nothing is buffered whole. Hop-by-hop and routing headers
+are stripped. A WebSocket handshake (an ASGI `websocket` scope) is routed and admitted by
+the same rules and then bridged to a WebSocket on the sandbox's port (`websocket.py`).
 
-Not yet: WebSocket upgrades (answered with a close), HTTP/2.
+An unknown, paused or dead sandbox gets 502 "was not found" (a WebSocket handshake gets
+that as its HTTP response), except a paused one created with `autoResume`: the request
+resumes it (`resolve`) and then goes through. For a sandbox with an access token, requests
+to the agent port must carry `X-Access-Token` (except `GET /health`, and `/files` with a
+valid signature). Killing or pausing a sandbox aborts its open exchanges: an HTTP client
+sees the connection drop, a WebSocket client a close with code 1001.
+
+Not yet: HTTP/2.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from aenv.api import websocket as ws
 from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool
 from aenv.orchestrator.obs import PROXY_OPEN, PROXY_REQUESTS
 from aenv.orchestrator.routes import Route, RouteTable
@@ -52,6 +58,7 @@ _ROUTING = frozenset({
     b"x-agentenv-target-port", b"host", b"expect",
 })  # fmt: skip
 _RESPONSE_DROP = _HOP_BY_HOP | {b"date", b"server"}
+_CONTENT_LENGTH = frozenset({b"content-length"})  # the proxy re-frames request bodies
 _SID_HEADERS = (b"e2b-sandbox-id", b"x-agentenv-sandbox-id")
 _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
 UNAUTHORIZED = (
@@ -64,6 +71,15 @@ class Target:
     sandbox_id: str | None  # None: find it by the /files signature
     port: int
     raw_path: bytes
+
+
+@dataclass(frozen=True)
+class _Denial:
+    """A data-plane request refused before it reaches the sandbox."""
+
+    status: int
+    body: dict[str, Any]
+    outcome: str  # the PROXY_REQUESTS label
 
 
 class _Aborted(Exception):
@@ -189,11 +205,13 @@ class DataPlaneProxy:
                 return route
         return None
 
-    def _authorized(self, route: Route, scope: Scope, params: dict[str, list[str]] | None) -> bool:
+    def _authorized(
+        self, route: Route, scope: Scope, method: str, params: dict[str, list[str]] | None
+    ) -> bool:
         token = route.access_token
         if token is None:
             return True
-        method, path = scope["method"], scope["path"]
+        path = scope["path"]
         if path == "/health" and method == "GET":
             return True
         given = None
@@ -215,94 +233,138 @@ class DataPlaneProxy:
 
     # -- exchange --------------------------------------------------------------------------
 
-    async def handle(self, scope: Scope, receive: Any, send: Any, target: Target) -> None:
-        if scope["type"] == "websocket":
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1011, "reason": "not supported yet"})
-            return
+    async def _admit(self, scope: Scope, target: Target) -> Route | _Denial:
+        """The route a data-plane request goes to, or why it may not: one set of rules for
+        HTTP and WebSocket handshakes (which are GETs)."""
         if target.port < 1:
-            PROXY_REQUESTS.labels("bad_port").inc()
-            await send_json(send, 400, {"code": 400, "message": "invalid sandbox port"})
-            return
+            return _Denial(400, {"code": 400, "message": "invalid sandbox port"}, "bad_port")
+        method = scope.get("method", "GET")
         params = None
+        unauthorized = _Denial(401, {"code": 401, "message": UNAUTHORIZED}, "unauthorized")
         if target.sandbox_id is None:
             params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            route = self._find_signed(scope["method"], params)
+            route = self._find_signed(method, params)
             if route is None:
-                PROXY_REQUESTS.labels("unauthorized").inc()
-                await send_json(send, 401, {"code": 401, "message": UNAUTHORIZED})
-                return
+                return unauthorized
         else:
             route = self.routes.get(target.sandbox_id)
             if route is None and self.resolve is not None:
                 route = await self.resolve(target.sandbox_id)
             if route is None:
-                PROXY_REQUESTS.labels("not_found").inc()
-                await send_json(send, 502, not_found_body(target.sandbox_id))
-                return
-        if target.port == self.agent_port and not self._authorized(route, scope, params):
-            PROXY_REQUESTS.labels("unauthorized").inc()
-            await send_json(send, 401, {"code": 401, "message": UNAUTHORIZED})
+                return _Denial(502, not_found_body(target.sandbox_id), "not_found")
+        if target.port == self.agent_port and not self._authorized(route, scope, method, params):
+            return unauthorized
+        return route
+
+    async def handle(self, scope: Scope, receive: Any, send: Any, target: Target) -> None:
+        websocket = scope["type"] == "websocket"
+        if websocket:
+            await receive()  # websocket.connect
+        route = await self._admit(scope, target)
+        if isinstance(route, _Denial):
+            PROXY_REQUESTS.labels(route.outcome).inc()
+            await _deny(scope, send, route.status, route.body)
             return
         ex = _Exchange()
         route.streams.add(ex)
         try:
-            await self._exchange(scope, receive, send, route, target, ex)
+            if websocket:
+                await self._websocket(scope, receive, send, route, target, ex)
+            else:
+                await self._exchange(scope, receive, send, route, target, ex)
         except asyncio.CancelledError:
             if ex.reason is None:
                 raise
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            await self._aborted(send, route, ex)
+            await self._aborted(scope, send, route, ex)
         finally:
             route.streams.discard(ex)
 
-    async def _aborted(self, send: Any, route: Route, ex: _Exchange) -> None:
-        PROXY_REQUESTS.labels("aborted").inc()
+    async def _aborted(self, scope: Scope, send: Any, route: Route, ex: _Exchange) -> None:
         if ex.reason == "client gone":
+            PROXY_REQUESTS.labels("client_gone").inc()
             return
+        PROXY_REQUESTS.labels("aborted").inc()
         if not ex.response_started:
-            await send_json(send, 502, not_found_body(route.sandbox_id))
+            await _deny(scope, send, 502, not_found_body(route.sandbox_id))
             return
         raise _Aborted(ex.reason)
+
+    async def _websocket(
+        self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: _Exchange
+    ) -> None:
+        qs = scope.get("query_string", b"")
+        path = target.raw_path + b"?" + qs if qs else target.raw_path
+        try:
+            up = await ws.open_upstream(
+                route.handle.slot_addr, target.port, path,
+                _forward_headers(scope["headers"], ws.HANDSHAKE_HEADERS),
+                scope.get("subprotocols") or (),
+            )  # fmt: skip
+        except ws.Refused as e:
+            PROXY_REQUESTS.labels("ws_refused").inc()
+            ctype = next((v for k, v in e.headers if k == b"content-type"), b"text/plain")
+            await ws.deny(scope, send, e.status, e.body, ctype)
+            return
+        except ConnectFailed:
+            PROXY_REQUESTS.labels("port_closed").inc()
+            await _deny(scope, send, 502, _port_closed_body(route, target.port))
+            return
+        except UpstreamError as e:
+            PROXY_REQUESTS.labels("upstream_error").inc()
+            await _deny(scope, send, 502, {"code": 502, "message": f"upstream error: {e}"})
+            return
+        bridge = ws.Bridge(up, receive, send)
+        PROXY_OPEN.inc()
+        try:
+            await send({"type": "websocket.accept", "subprotocol": up.subprotocol,
+                        "headers": ws.accept_headers(up, _RESPONSE_DROP)})  # fmt: skip
+            ex.response_started = True
+            await bridge.run()
+            PROXY_REQUESTS.labels("ws_ok").inc()
+        except asyncio.CancelledError:
+            if ex.reason is None or not ex.response_started:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            PROXY_REQUESTS.labels("client_gone" if ex.reason == "client gone" else "aborted").inc()
+            await bridge.end(ws.CLOSE_GOING_AWAY, ex.reason)
+        finally:
+            PROXY_OPEN.dec()
+            up.transport.abort()  # idempotent; also covers a failed accept
 
     async def _exchange(
         self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: _Exchange
     ) -> None:
-        headers: list[tuple[bytes, bytes]] = []
         length: bytes | None = None
         chunked = False
-        conn_listed: set[bytes] = set()
         for k, v in scope["headers"]:
-            if k == b"connection":
-                conn_listed.update(t.strip().lower() for t in v.split(b","))
-            elif k == b"content-length":
+            if k == b"content-length":
                 length = v.strip()
             elif k == b"transfer-encoding":
                 chunked = True
         has_body = chunked or (length is not None and length != b"0")
-        for k, v in scope["headers"]:
-            if k in _HOP_BY_HOP or k in _ROUTING or k in conn_listed or k == b"content-length":
-                continue
-            headers.append((k, v))
+        headers = _forward_headers(scope["headers"], _CONTENT_LENGTH)
         if length is not None and not has_body:
             headers.append((b"content-length", length))
         if chunked:
             length = None  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
         qs = scope.get("query_string", b"")
         path = target.raw_path + b"?" + qs if qs else target.raw_path
+        # Set once the request body has been read to its end: until then it owns `receive`.
+        body_read = asyncio.Event() if has_body else None
         try:
             response = await self.upstream.request(
                 scope["method"], route.handle.slot_addr, target.port, path, headers,
-                body=_body(receive) if has_body else None, content_length=length,
+                body=_body(receive, body_read) if body_read is not None else None,
+                content_length=length,
             )  # fmt: skip
         except ConnectFailed:
             PROXY_REQUESTS.labels("port_closed").inc()
-            await send_json(send, 502, {
-                "code": 502, "message": "The sandbox is running but port is not open",
-                "sandboxId": route.sandbox_id, "port": target.port,
-            })  # fmt: skip
+            await send_json(send, 502, _port_closed_body(route, target.port))
             return
         except _ClientGone:
             PROXY_REQUESTS.labels("client_gone").inc()
@@ -320,10 +382,13 @@ class DataPlaneProxy:
             ex.response_started = True
             if not response.has_length:
                 # A stream: notice a client that goes away, or it would pin the upstream.
-                watcher = asyncio.create_task(_watch_disconnect(receive, ex))
+                watcher = asyncio.create_task(_watch_disconnect(receive, ex, body_read))
             try:
                 async for chunk in response.body():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except _ClientGone:  # while its request body was still coming (full duplex)
+                PROXY_REQUESTS.labels("client_gone").inc()
+                return
             except UpstreamError as e:
                 PROXY_REQUESTS.labels("upstream_broken").inc()
                 raise _Aborted(f"upstream broke: {e}") from None
@@ -340,7 +405,7 @@ class _ClientGone(Exception):
     pass
 
 
-async def _body(receive: Any):  # type: ignore[no-untyped-def]
+async def _body(receive: Any, read: asyncio.Event):  # type: ignore[no-untyped-def]
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
@@ -349,15 +414,48 @@ async def _body(receive: Any):  # type: ignore[no-untyped-def]
         if chunk:
             yield chunk
         if not msg.get("more_body", False):
+            read.set()
             return
 
 
-async def _watch_disconnect(receive: Any, ex: _Exchange) -> None:
+async def _watch_disconnect(
+    receive: Any, ex: _Exchange, body_read: asyncio.Event | None
+) -> None:
+    if body_read is not None:
+        await body_read.wait()  # one reader of `receive` at a time: the body's comes first
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
             ex.abort("client gone")
             return
+
+
+def _forward_headers(
+    headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """The client's request headers for the sandbox: no hop-by-hop (nor those `Connection`
+    lists), no routing headers, none in `drop`."""
+    listed: set[bytes] = set()
+    for k, v in headers:
+        if k == b"connection":
+            listed.update(t.strip().lower() for t in v.split(b","))
+    return [
+        (k, v)
+        for k, v in headers
+        if k not in _HOP_BY_HOP and k not in _ROUTING and k not in listed and k not in drop
+    ]
+
+
+async def _deny(scope: Scope, send: Any, status: int, body: dict[str, Any]) -> None:
+    if scope["type"] == "websocket":
+        await ws.deny(scope, send, status, json.dumps(body, separators=(",", ":")).encode())
+    else:
+        await send_json(send, status, body)
+
+
+def _port_closed_body(route: Route, port: int) -> dict[str, Any]:
+    return {"code": 502, "message": "The sandbox is running but port is not open",
+            "sandboxId": route.sandbox_id, "port": port}  # fmt: skip
 
 
 def _port(raw: bytes | None) -> int:

@@ -90,18 +90,18 @@ def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
         ),
     }
     if PUBLIC_STATE[rec.state] == "paused":
-        fields["pauseMode"] = "full"  # filesystem-only requests are served as full pauses
+        fields["pauseMode"] = rec.pause_mode or "full"
     if rec.access_token is not None:
         fields["envdAccessToken"] = rec.access_token
     return SandboxDetail(**fields)
 
 
 def _unsupported_options(body: NewSandbox) -> None:
-    if body.allow_internet_access:
-        # Egress is denied in every mode until an egress policy exists: accepted, logged.
-        log.info("allow_internet_access=true requested; egress stays denied (no egress policy)")
-    if body.network and any(v not in (None, [], {}, False) for v in body.network.values()):
-        raise Unsupported("network rules are not supported yet")
+    extra = body.network.model_extra if body.network else None
+    unsupported = sorted(k for k, v in (extra or {}).items() if v not in (None, [], {}, False))
+    if unsupported:
+        raise Unsupported(f"network.{unsupported[0]} is not supported yet (only allowOut and "
+                          "denyOut are)")
     if body.mcp:
         raise Unsupported("mcp is not supported yet")
     if body.volumeMounts:
@@ -118,7 +118,10 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         secure=body.secure is not False,
         auto_pause=bool(body.autoPause),
         auto_resume=bool(body.autoResume and body.autoResume.enabled),
+        auto_pause_memory=body.autoPauseMemory is not False,
         allow_internet=body.allow_internet_access,
+        allow_out=list(body.network.allowOut or []) if body.network else [],
+        deny_out=list(body.network.denyOut or []) if body.network else [],
         vcpus=body.cpuCount,
         memory_mib=body.memoryMB,
     )
@@ -126,20 +129,22 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
     return _sandbox(request, rec)
 
 
-@router.post("/v2/sandboxes", status_code=201, response_model_exclude_unset=True)
+@router.post("/v2/sandboxes", operation_id="createSandboxV2",
+             status_code=201, response_model_exclude_unset=True)
 async def create_sandbox_v2(request: Request, body: NewSandbox) -> Sandbox:
     """Create a sandbox (timeout defaults to 300 s); it is always secured."""
     body.secure = None
     return await _create(request, body, V2_CREATE_TIMEOUT_S)
 
 
-@router.post("/sandboxes", status_code=201, response_model_exclude_unset=True)
+@router.post("/sandboxes", operation_id="createSandbox",
+             status_code=201, response_model_exclude_unset=True)
 async def create_sandbox_v1(request: Request, body: NewSandbox) -> Sandbox:
     """Create a sandbox, v1 (timeout defaults to 15 s; `secure: false` omits the token)."""
     return await _create(request, body, V1_CREATE_TIMEOUT_S)
 
 
-@router.get("/sandboxes")
+@router.get("/sandboxes", operation_id="listRunningSandboxes")
 async def list_running(
     request: Request,
     metadata: Annotated[str | None, Query(description="double-encoded key=value&...")] = None,
@@ -154,7 +159,7 @@ async def list_running(
     return [ListedSandbox(**_listed_fields(request, r)) for r in recs]
 
 
-@router.get("/v2/sandboxes")
+@router.get("/v2/sandboxes", operation_id="listSandboxes")
 async def list_sandboxes(
     request: Request,
     response: Response,
@@ -186,25 +191,28 @@ async def list_sandboxes(
     return [ListedSandbox(**_listed_fields(request, r)) for r in recs]
 
 
-@router.get("/sandboxes/{sandbox_id}", response_model_exclude_unset=True)
+@router.get("/sandboxes/{sandbox_id}", operation_id="getSandbox", response_model_exclude_unset=True)
 async def get_sandbox(request: Request, sandbox_id: str) -> SandboxDetail:
     return _detail(request, _orch(request).get(sandbox_id))
 
 
-@router.delete("/sandboxes/{sandbox_id}", status_code=204, response_class=Response)
+@router.delete("/sandboxes/{sandbox_id}", operation_id="killSandbox",
+               status_code=204, response_class=Response)
 async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
     await _orch(request).kill(sandbox_id)
     return Response(status_code=204)
 
 
-@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204, response_class=Response)
+@router.post("/sandboxes/{sandbox_id}/timeout", operation_id="setSandboxTimeout",
+             status_code=204, response_class=Response)
 async def set_timeout(request: Request, sandbox_id: str, body: SandboxTimeout) -> Response:
     """endAt = now + timeout (may shorten it)."""
     await _orch(request).set_timeout(sandbox_id, body.timeout)
     return Response(status_code=204)
 
 
-@router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204, response_class=Response)
+@router.post("/sandboxes/{sandbox_id}/refreshes", operation_id="refreshSandbox",
+             status_code=204, response_class=Response)
 async def refresh(
     request: Request, sandbox_id: str, body: Annotated[SandboxRefresh | None, Body()] = None
 ) -> Response:
@@ -217,18 +225,19 @@ async def _connect(
     request: Request, response: Response, sandbox_id: str, body: ConnectSandbox | None
 ) -> Sandbox:
     timeout = body.timeout if body and body.timeout is not None else CONNECT_TIMEOUT_S
-    rec, resumed = await _orch(request).connect(sandbox_id, timeout)
+    memory = not (body and body.memory is False)
+    rec, resumed = await _orch(request).connect(sandbox_id, timeout, memory)
     response.status_code = 201 if resumed else 200
     return _sandbox(request, rec)
 
 
 @router.post(
-    "/v2/sandboxes/{sandbox_id}/connect",
+    "/v2/sandboxes/{sandbox_id}/connect", operation_id="connectSandboxV2",
     response_model_exclude_unset=True,
     responses={201: {"model": Sandbox, "description": "resumed"}},
 )
 @router.post(
-    "/sandboxes/{sandbox_id}/connect",
+    "/sandboxes/{sandbox_id}/connect", operation_id="connectSandbox",
     response_model_exclude_unset=True,
     responses={201: {"model": Sandbox, "description": "resumed"}},
 )
@@ -238,11 +247,12 @@ async def connect(
     sandbox_id: str,
     body: Annotated[ConnectSandbox | None, Body()] = None,
 ) -> Sandbox:
-    """Running: extend-only TTL, 200. Paused: resume, 201. (v1 and v2 share it.)"""
+    """Running: extend-only TTL, 200. Paused: resume, 201 (`memory: false`: by reboot, the
+    memory state discarded). (v1 and v2 share it.)"""
     return await _connect(request, response, sandbox_id, body)
 
 
-@router.get("/sandboxes/{sandbox_id}/metrics")
+@router.get("/sandboxes/{sandbox_id}/metrics", operation_id="getSandboxMetrics")
 async def sandbox_metrics(
     request: Request,
     sandbox_id: str,
@@ -271,19 +281,26 @@ async def sandbox_metrics(
     ]
 
 
-@router.post("/sandboxes/{sandbox_id}/pause", status_code=204, response_class=Response,
-             responses={409: {"model": Error, "description": "already paused"}})
+@router.post("/sandboxes/{sandbox_id}/pause", operation_id="pauseSandbox",
+             status_code=204, response_class=Response,
+             responses={409: {"model": Error, "description": "already paused"},
+                        503: {"model": Error, "description": "guest unresponsive (strict)"}})
 async def pause_sandbox(
     request: Request, sandbox_id: str,
     body: Annotated[SandboxPauseRequest | None, Body()] = None,
 ) -> Response:
     """Pause: processes, memory and files are kept on disk; no CPU, RAM or slot is held.
-    `memory: false` (filesystem-only) is served as a full pause."""
-    await _orch(request).pause(sandbox_id)
+    `memory: false`: filesystem-only, only the disk is kept and resuming reboots it.
+    `requireHealthyGuest: true`: 503 (still running) if the guest's agent does not answer."""
+    await _orch(request).pause(
+        sandbox_id,
+        memory=not (body and body.memory is False),
+        require_healthy_guest=bool(body and body.requireHealthyGuest),
+    )
     return Response(status_code=204)
 
 
-@router.post("/sandboxes/{sandbox_id}/resume", status_code=201,
+@router.post("/sandboxes/{sandbox_id}/resume", operation_id="resumeSandbox", status_code=201,
              response_model_exclude_unset=True)
 async def resume_sandbox(
     request: Request, sandbox_id: str, body: Annotated[ResumedSandbox | None, Body()] = None,
@@ -295,7 +312,7 @@ async def resume_sandbox(
     return _sandbox(request, rec)
 
 
-@router.post("/sandboxes/{sandbox_id}/fork", status_code=201,
+@router.post("/sandboxes/{sandbox_id}/fork", operation_id="forkSandbox", status_code=201,
              responses={201: {"model": list[SandboxForkResult]}})
 async def fork_sandbox(
     request: Request, sandbox_id: str,

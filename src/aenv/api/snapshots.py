@@ -26,7 +26,7 @@ def _orch(request: Request) -> Orchestrator:
     return request.app.state.orchestrator
 
 
-@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+@router.post("/sandboxes/{sandbox_id}/snapshots", operation_id="createSnapshot", status_code=201)
 async def create_snapshot(
     request: Request, sandbox_id: str,
     body: Annotated[SandboxSnapshotRequest | None, Body()] = None,
@@ -38,7 +38,7 @@ async def create_snapshot(
     return SnapshotInfo(snapshotID=info.snapshot_id, names=list(info.names))
 
 
-@router.get("/snapshots")
+@router.get("/snapshots", operation_id="listSnapshots")
 async def list_snapshots(
     request: Request,
     response: Response,
@@ -57,7 +57,8 @@ async def list_snapshots(
     return [SnapshotInfo(snapshotID=s.snapshot_id, names=list(s.names)) for s in items]
 
 
-@router.delete("/templates/{template_id:path}", status_code=204, response_class=Response)
+@router.delete("/templates/{template_id:path}", operation_id="deleteSnapshot",
+               status_code=204, response_class=Response)
 async def delete_snapshot(request: Request, template_id: str) -> Response:
     """Delete a snapshot: it leaves listings at once; its space is reclaimed when nothing
     uses it. Templates themselves are not deleted through the API (400)."""

@@ -12,12 +12,12 @@ from aenv.orchestrator.states import SandboxState
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", operation_id="health")
 async def health() -> Health:
     return Health(status="ok")
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", operation_id="prometheusMetrics", response_class=Response)
 async def prometheus(request: Request) -> Response:
     counts = request.app.state.orchestrator.stats()
     for s in SandboxState:

@@ -35,12 +35,12 @@ def _template(t: TemplateInfo) -> Template:
     )
 
 
-@router.get("/templates")
+@router.get("/templates", operation_id="listTemplates")
 async def list_templates(request: Request) -> list[Template]:
     return [_template(t) for t in _orch(request).templates()]
 
 
-@router.get("/templates/aliases/{alias:path}")
+@router.get("/templates/aliases/{alias:path}", operation_id="getTemplateByAlias")
 async def template_by_alias(request: Request, alias: str) -> TemplateAlias:
     for t in _orch(request).templates():
         if alias in t.aliases or alias == t.template_id:
@@ -48,6 +48,6 @@ async def template_by_alias(request: Request, alias: str) -> TemplateAlias:
     raise TemplateNotFound(f"template alias '{alias}' not found")
 
 
-@router.get("/templates/{template_id:path}")
+@router.get("/templates/{template_id:path}", operation_id="getTemplate")
 async def get_template(request: Request, template_id: str) -> Template:
     return _template(_orch(request).template(template_id))

@@ -14,7 +14,10 @@ fraction of that.
 Framing follows RFC 9112: no body for HEAD, 1xx, 204 and 304; `Transfer-Encoding: chunked`
 (de-chunked here; trailers dropped); `Content-Length`; else the body runs to EOF and the
 connection is not reused. A request body (an async iterator of bytes) is sent with its
-`Content-Length` when the caller gives one, else chunked.
+`Content-Length` when the caller gives one, else chunked, from its own task: the exchange is
+full duplex, so the response head and body can come back while the request body is still
+going up (Connect client streams, an upstream that answers an upload early). A connection
+goes back to the pool only when both directions ended cleanly.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ KEEPALIVE_EXPIRY_S = 30.0
 MAX_IDLE_PER_ADDR = 64
 MAX_HEAD_BYTES = 64 * 1024
 READ_CHUNK = 64 * 1024
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 _LIMIT = MAX_HEAD_BYTES + 1024  # StreamReader line limit: the whole response head fits
 
 
@@ -67,14 +71,16 @@ class _Conn:
 class UpstreamResponse:
     """Status and headers of an upstream response; the body is read with `body()`."""
 
-    __slots__ = ("_conn", "_done", "_framing", "_length", "_pool", "_reusable", "addr",
-                 "headers", "status")  # fmt: skip
+    __slots__ = ("_conn", "_done", "_framing", "_length", "_pool", "_reusable", "_sender",
+                 "addr", "headers", "status")  # fmt: skip
 
     def __init__(
         self, pool: UpstreamPool, addr: tuple[str, int], conn: _Conn, status: int,
         headers: list[tuple[bytes, bytes]], framing: str, length: int, reusable: bool,
+        sender: asyncio.Task[None] | None = None,
     ) -> None:  # fmt: skip
         self._pool = pool
+        self._sender = sender  # the request body still going up, if any
         self.addr = addr
         self._conn: _Conn | None = conn
         self.status = status
@@ -108,10 +114,10 @@ class UpstreamResponse:
                     if not line.endswith(b"\n"):
                         raise UpstreamError("upstream closed inside a chunked body")
                     size_s = line.split(b";", 1)[0].strip()
-                    try:
-                        size = int(size_s, 16)
-                    except ValueError:
-                        raise UpstreamError(f"bad chunk size {size_s[:20]!r}") from None
+                    # Hex digits only (int() would take "-5", "0x5", "1_0"); 16 of them at most.
+                    if not 0 < len(size_s) <= 16 or size_s.strip(_HEX_DIGITS):
+                        raise UpstreamError(f"bad chunk size {size_s[:20]!r}")
+                    size = int(size_s, 16)
                     if size == 0:
                         while True:  # trailers, dropped
                             t = await r.readline()
@@ -133,7 +139,14 @@ class UpstreamResponse:
                     yield chunk
                 self._reusable = False
             self._done = True
-        except (ConnectionError, asyncio.LimitOverrunError, ValueError) as e:
+        except (ConnectionError, asyncio.LimitOverrunError, ValueError, UpstreamError) as e:
+            # A request body that failed (e.g. the client went away) closed the connection
+            # under us: that is the cause to report, not the broken read.
+            failed = _body_failure(self._sender)
+            if failed is not None:
+                raise failed from None
+            if isinstance(e, UpstreamError):
+                raise
             raise UpstreamError(repr(e)) from None
 
     async def aclose(self) -> None:
@@ -141,10 +154,47 @@ class UpstreamResponse:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._done and self._reusable:
+        sent = self._sender is None or (self._sender.done() and not self._sender.cancelled()
+                                        and self._sender.exception() is None)  # fmt: skip
+        if self._sender is not None and not self._sender.done():
+            self._sender.cancel()  # the response ended first: the rest of the body is moot
+        if self._done and self._reusable and sent:
             self._pool._release(self.addr, conn)
         else:
             conn.close()
+
+
+async def _send_body(
+    conn: _Conn, head: bytes | bytearray, body: AsyncIterator[bytes], chunked: bool
+) -> None:
+    w = conn.writer
+    w.write(head)
+    async for chunk in body:
+        if not chunk:
+            continue
+        if chunked:
+            w.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        else:
+            w.write(chunk)
+        await w.drain()  # backpressure: never more than the transport's buffer in flight
+    if chunked:
+        w.write(b"0\r\n\r\n")
+    await w.drain()
+
+
+def _on_body_sent(task: asyncio.Task[None], conn: _Conn) -> None:
+    # A body that could not be read to its end leaves a request the upstream would wait on
+    # forever: close the connection so the response side wakes up (and reports the cause).
+    if _body_failure(task) is not None:
+        conn.close()
+
+
+def _body_failure(task: asyncio.Task[None] | None) -> BaseException | None:
+    """The request body's own failure (not the upstream closing on it), if it had one."""
+    if task is None or not task.done() or task.cancelled():
+        return None
+    exc = task.exception()  # also marks it retrieved
+    return None if exc is None or isinstance(exc, ConnectionError) else exc
 
 
 class UpstreamPool:
@@ -194,30 +244,32 @@ class UpstreamPool:
         self, method: str, addr: tuple[str, int], conn: _Conn, head: bytes | bytearray,
         body: AsyncIterator[bytes] | None, chunked: bool,
     ) -> UpstreamResponse:  # fmt: skip
-        w = conn.writer
         try:
+            if body is None:
+                try:
+                    conn.writer.write(head)
+                    await conn.writer.drain()
+                except ConnectionError:
+                    raise _StaleConnection from None
+                return await self._read_head(method, addr, conn)
+            sender = asyncio.create_task(_send_body(conn, head, body, chunked))
+            sender.add_done_callback(lambda t: _on_body_sent(t, conn))
             try:
-                w.write(head)
-                if body is not None:
-                    async for chunk in body:
-                        if not chunk:
-                            continue
-                        if chunked:
-                            w.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                        else:
-                            w.write(chunk)
-                        await w.drain()
-                    if chunked:
-                        w.write(b"0\r\n\r\n")
-                await w.drain()
-            except ConnectionError:
-                raise _StaleConnection from None
-            return await self._read_head(method, addr, conn)
+                return await self._read_head(method, addr, conn, sender)
+            except BaseException:
+                sender.cancel()
+                failed = _body_failure(sender)
+                if failed is not None:
+                    raise failed from None
+                raise
         except BaseException:
             conn.close()
             raise
 
-    async def _read_head(self, method: str, addr: tuple[str, int], conn: _Conn) -> UpstreamResponse:
+    async def _read_head(
+        self, method: str, addr: tuple[str, int], conn: _Conn,
+        sender: asyncio.Task[None] | None = None,
+    ) -> UpstreamResponse:  # fmt: skip
         r = conn.reader
         while True:
             try:
@@ -252,10 +304,11 @@ class UpstreamPool:
             v = v.strip()
             lk = k.lower()
             if lk == b"content-length":
-                try:
-                    length = int(v)
-                except ValueError:
-                    raise UpstreamError("bad Content-Length") from None
+                # Digits only (int() would take "+5", " 5", "5_0"); two differing values
+                # would make the body's end ambiguous.
+                if not v.isdigit() or len(v) > 18 or length not in (-1, int(v)):
+                    raise UpstreamError("bad Content-Length")
+                length = int(v)
             elif lk == b"transfer-encoding":
                 chunked = v.lower().endswith(b"chunked")
             elif lk == b"connection":
@@ -273,7 +326,8 @@ class UpstreamPool:
             framing = "length"
         else:
             framing, close = "eof", True
-        return UpstreamResponse(self, addr, conn, status, headers, framing, length, not close)
+        return UpstreamResponse(self, addr, conn, status, headers, framing, length, not close,
+                                sender)  # fmt: skip
 
     def _acquire(self, addr: tuple[str, int]) -> _Conn | None:
         idle = self._idle.get(addr)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import aenv
 from aenv.cli.client import error_message, transport_error
@@ -30,6 +31,11 @@ KEEPALIVE_S = 30  # asked of the agent on streams; a silent stream past STREAM_I
 STREAM_IDLE_S = 150.0
 UNARY_TIMEOUT_S = 60.0
 FLAG_END = 0x02
+# Everything below comes from the sandbox, which is untrusted: each read is capped.
+MAX_UNARY_BYTES = 64 << 20  # one unary reply (ListDir of a large tree is the biggest)
+MAX_MESSAGE_BYTES = 16 << 20  # one streamed message (a chunk of process output)
+MAX_ERROR_BYTES = 64 << 10  # an error reply's body
+MAX_PATH_CHARS = 4096  # PATH_MAX
 
 
 class EnvdError(CliError):
@@ -99,20 +105,26 @@ class Envd:
             msg = f"the sandbox refused its access token ({msg})"
         return EnvdError(msg, code, r.status_code)
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    # --- Connect RPCs -----------------------------------------------------------------------
+
+    def _send_capped(self, method: str, path: str, cap: int, **kwargs: Any) -> httpx.Response:
+        """A request whose reply is read whole, but never more than `cap` bytes of it."""
+        req = self.http.build_request(method, path, **kwargs)
         try:
-            return self.http.request(method, path, **kwargs)
+            r = self.http.send(req, stream=True)
+            try:
+                return _read_capped(r, cap if r.status_code == 200 else MAX_ERROR_BYTES)
+            finally:
+                r.close()
         except httpx.HTTPError as e:
             raise transport_error(self.origin, e) from None
 
-    # --- Connect RPCs -----------------------------------------------------------------------
-
     def unary(self, rpc: str, message: dict[str, Any]) -> dict[str, Any]:
-        r = self._send("POST", f"/{rpc}", json=message,
-                       headers={"Connect-Protocol-Version": "1"})  # fmt: skip
+        r = self._send_capped("POST", f"/{rpc}", MAX_UNARY_BYTES, json=message,
+                              headers={"Connect-Protocol-Version": "1"})  # fmt: skip
         if r.status_code != 200:
             raise self._error(r)
-        return r.json() if r.content else {}
+        return _json_object(r.content) if r.content else {}
 
     @contextlib.contextmanager
     def stream(self, rpc: str, message: dict[str, Any]) -> Iterator[Iterator[dict[str, Any]]]:
@@ -131,8 +143,7 @@ class Envd:
             raise transport_error(self.origin, e) from None
         try:
             if r.status_code != 200:
-                r.read()
-                raise self._error(r)
+                raise self._error(_read_capped(r, MAX_ERROR_BYTES))
             yield self._messages(r)
         finally:
             r.close()
@@ -144,11 +155,15 @@ class Envd:
                 buf += chunk
                 while len(buf) >= 5:
                     flags, length = struct.unpack(">BI", bytes(buf[:5]))
+                    if length > MAX_MESSAGE_BYTES:
+                        raise EnvdError(f"sandbox {self.sandbox_id} sent a {length}-byte "
+                                        f"message (limit {MAX_MESSAGE_BYTES})",
+                                        "resource_exhausted")  # fmt: skip
                     if len(buf) < 5 + length:
                         break
                     payload = bytes(buf[5:5 + length])
                     del buf[:5 + length]
-                    msg = json.loads(payload) if payload else {}
+                    msg = _json_object(payload) if payload else {}
                     if flags & FLAG_END:
                         err = msg.get("error")
                         if err:
@@ -205,7 +220,8 @@ class Envd:
 
     def stat(self, path: str) -> dict[str, Any] | None:
         try:
-            return self.unary("filesystem.Filesystem/Stat", {"path": path}).get("entry", {})
+            return checked_entry(self.unary("filesystem.Filesystem/Stat",
+                                            {"path": path}).get("entry", {}))
         except EnvdError as e:
             if e.connect_code == "not_found":
                 return None
@@ -213,7 +229,10 @@ class Envd:
 
     def list_dir(self, path: str, depth: int = 1) -> list[dict[str, Any]]:
         out = self.unary("filesystem.Filesystem/ListDir", {"path": path, "depth": depth})
-        return list(out.get("entries", []))
+        entries = out.get("entries", [])
+        if not isinstance(entries, list):
+            raise EnvdError("the sandbox sent a malformed directory listing", "internal")
+        return [checked_entry(e) for e in entries]
 
     def make_dir(self, path: str) -> None:
         try:
@@ -232,8 +251,7 @@ class Envd:
             raise transport_error(self.origin, e) from None
         try:
             if r.status_code != 200:
-                r.read()
-                raise self._error(r)
+                raise self._error(_read_capped(r, MAX_ERROR_BYTES))
             yield r
         finally:
             r.close()
@@ -242,11 +260,58 @@ class Envd:
         """Write `chunks` to `path` (parents are created), streamed as a chunked body."""
         timeout = httpx.Timeout(UNARY_TIMEOUT_S, connect=5.0, write=STREAM_IDLE_S,
                                 read=STREAM_IDLE_S)  # fmt: skip
-        r = self._send("POST", "/files", params={"path": path}, content=chunks,
-                       headers={"Content-Type": "application/octet-stream"},
-                       timeout=timeout)  # fmt: skip
+        r = self._send_capped("POST", "/files", MAX_ERROR_BYTES, params={"path": path},
+                              content=chunks, timeout=timeout,
+                              headers={"Content-Type": "application/octet-stream"})  # fmt: skip
         if r.status_code != 200:
             raise self._error(r)
+
+
+def _read_capped(r: httpx.Response, cap: int) -> httpx.Response:
+    """`r` (a streamed response) read whole into a new response; EnvdError past `cap`."""
+    body = bytearray()
+    for chunk in r.iter_bytes():
+        body += chunk
+        if len(body) > cap:
+            raise EnvdError(f"the sandbox's reply exceeds {cap} bytes", "resource_exhausted")
+    return httpx.Response(r.status_code, headers=r.headers, content=bytes(body),
+                          request=r.request)  # fmt: skip
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        msg = json.loads(data)
+    except (ValueError, RecursionError):
+        raise EnvdError("the sandbox sent malformed JSON", "internal") from None
+    if not isinstance(msg, dict):
+        raise EnvdError("the sandbox sent a JSON value that is not an object", "internal")
+    return msg
+
+
+class _Entry(BaseModel):
+    """An EntryInfo as the CLI uses it, type- and range-checked (the sandbox is untrusted)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    path: str = Field("", max_length=MAX_PATH_CHARS)
+    name: str = Field("", max_length=MAX_PATH_CHARS)
+    type: str | int | None = None
+    size: int = Field(0, ge=0, le=(1 << 63) - 1)
+    mode: int = Field(0o644, ge=0, le=0xFFFFFFFF)  # uint32
+    symlinkTarget: str | None = Field(None, max_length=MAX_PATH_CHARS)
+    isSymlink: bool = True
+
+
+def checked_entry(raw: object) -> dict[str, Any]:
+    """A checked EntryInfo (protobuf JSON: int64 fields may come as strings)."""
+    if isinstance(raw, dict):
+        raw = {k: int(v) if k in ("size", "mode") and isinstance(v, str) and v.isdigit()
+               and len(v) < 20 else v for k, v in raw.items()}  # fmt: skip
+    try:
+        return _Entry.model_validate(raw).model_dump()
+    except ValidationError as e:
+        raise EnvdError(f"the sandbox sent a malformed file entry: {e.errors()[0]['msg']}",
+                        "internal") from None  # fmt: skip
 
 
 def file_type(entry: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 import aenv
-from aenv.cli import completion, sandboxes, snapshots, templates, transfer
+from aenv.cli import census, completion, sandboxes, snapshots, templates, transfer
 from aenv.cli.auth import auth
 from aenv.cli.errors import AenvTyper
 
@@ -63,6 +63,7 @@ app.add_typer(snapshots.app, name="snapshot")
 app.add_typer(templates.app, name="template")
 app.command("auth")(auth)
 app.command("completion")(completion.completion)
+app.command("census")(census.census)
 
 
 # --- the node -------------------------------------------------------------------------------

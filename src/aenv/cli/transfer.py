@@ -3,8 +3,11 @@
 A file goes to the path given, or into it when that is an existing directory; a directory is
 copied as a whole (into the destination when that exists, else as it). Relative sandbox paths
 are relative to the sandbox user's home. Permission bits are kept both ways. On upload
-symbolic links are followed (their targets are copied); on download they are recreated. `-`
-as the local side means stdin (upload) or stdout (download) for a single file.
+symbolic links are followed (their targets are copied); on download they are recreated, but
+never written through: the names in a downloaded directory come from the (untrusted) sandbox,
+so every local path is checked to stay inside the destination, whatever symlinks it already
+holds, and files are opened with O_NOFOLLOW. `-` as the local side means stdin (upload) or
+stdout (download) for a single file.
 
 A progress bar shows on a terminal (stderr) only. Ctrl-C stops the copy with one line saying
 how far it got.
@@ -82,6 +85,7 @@ class _Plan:
     dirs: list[str] = field(default_factory=list)
     files: list[tuple[str, str, int, int]] = field(default_factory=list)  # src, dst, size, mode
     links: list[tuple[str, str]] = field(default_factory=list)  # target, dst
+    root: Path | None = None  # a downloaded directory's local root: nothing is written outside
 
     @property
     def total(self) -> int:
@@ -218,6 +222,7 @@ def _remote_plan(envd: Envd, remote: str, entry: dict[str, Any], target: Path) -
         return plan
     root = (entry.get("path") or remote).rstrip("/") or "/"
     plan.dirs.append(str(target))
+    plan.root = target
     for e in envd.list_dir(root, depth=1 << 16):
         path = str(e.get("path", ""))
         rel = posixpath.relpath(path, root)
@@ -264,6 +269,26 @@ def download(
             _run_download(envd, plan, detail["sandboxID"])
 
 
+def _confined(path: str, root: Path | None, *, leaf: bool = True) -> str:
+    """`path` (its directory, for a `leaf` that must not itself be followed), once the
+    symlinks already on disk are resolved, must stay under `root`: a symlink an earlier
+    download left must not redirect this one out of the destination."""
+    if root is not None:
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(os.path.dirname(path) if leaf else path)
+        if os.path.commonpath([real_root, real]) != real_root:
+            raise CliError(f"refusing to write {path}: a symlink in the destination leads "
+                           f"outside {root}")  # fmt: skip
+    return path
+
+
+def _create(path: str, root: Path | None) -> BinaryIO:
+    """Open for writing without following a symlink at `path` itself (for directory
+    downloads; a single file goes where the user said, as with cp)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_NOFOLLOW if root else 0)
+    return os.fdopen(os.open(_confined(path, root), flags, 0o644), "wb")
+
+
 def _download_stdout(envd: Envd, path: str) -> None:
     out = sys.stdout.buffer
     with envd.download(path) as r:
@@ -278,12 +303,12 @@ def _run_download(envd: Envd, plan: _Plan, sandbox_id: str) -> None:
     with _Meter(plan.total, "downloading") as meter:
         try:
             for d in plan.dirs:
-                Path(d).mkdir(parents=True, exist_ok=True)
+                Path(_confined(d, plan.root, leaf=False)).mkdir(parents=True, exist_ok=True)
             for src, dst, _, mode in plan.files:
                 current = dst
                 meter.label(_short(src))
-                Path(dst).parent.mkdir(parents=True, exist_ok=True)
-                with envd.download(src) as r, open(dst, "wb") as f:
+                Path(_confined(dst, plan.root)).parent.mkdir(parents=True, exist_ok=True)
+                with envd.download(src) as r, _create(dst, plan.root) as f:
                     for chunk in r.iter_bytes(CHUNK):
                         f.write(chunk)
                         meter.add(len(chunk))
@@ -293,7 +318,7 @@ def _run_download(envd: Envd, plan: _Plan, sandbox_id: str) -> None:
             current = ""
             for link_target, dst in plan.links:
                 with contextlib.suppress(FileExistsError):
-                    os.symlink(link_target, dst)
+                    os.symlink(link_target, _confined(dst, plan.root))
         except KeyboardInterrupt:
             where = f"; {current} is incomplete" if current else ""
             raise CliError(f"download interrupted after {done} of {len(plan.files)} files "

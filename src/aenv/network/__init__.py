@@ -2,7 +2,8 @@
 
 A slot is a network namespace holding the guest's tap (`tap0`, same addresses and MACs in
 every slot) and reached from the host through a veth with a unique 198.18.x.y /30; TCP to
-the slot address is DNAT-ed to the guest, and the guest can start no connection at all.
+the slot address is DNAT-ed to the guest. The guest can start no connection unless its
+sandbox's egress policy (`egress.py`) opens some destinations.
 """
 
 from aenv.network.addressing import (
@@ -16,6 +17,7 @@ from aenv.network.addressing import (
     SlotNaming,
     guest_ip_cmdline,
 )
+from aenv.network.egress import EgressPolicy, EgressPolicyError
 from aenv.network.pool import (
     SlotPool,
     SlotPoolError,
@@ -30,6 +32,7 @@ from aenv.network.slot import (
     destroy_slot,
     open_slot_tap,
     reset_slot,
+    set_egress,
     slot_for,
 )
 
@@ -41,6 +44,8 @@ __all__ = [
     "GUEST_PREFIXLEN",
     "TAP_MAC",
     "TAP_NAME",
+    "EgressPolicy",
+    "EgressPolicyError",
     "Slot",
     "SlotNaming",
     "SlotPool",
@@ -54,5 +59,6 @@ __all__ = [
     "open_slot_tap",
     "reclaim_orphans",
     "reset_slot",
+    "set_egress",
     "slot_for",
 ]

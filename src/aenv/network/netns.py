@@ -72,8 +72,9 @@ def _prepare_rundir() -> None:
         _rundir_ready = True
 
 
-def _in_fresh_thread(fn: Callable[[], T]) -> T:
-    """Run fn in a new thread that exits afterwards, so a namespace it entered dies with it."""
+def in_fresh_thread(fn: Callable[[], T], name: str = "aenv-netns") -> T:
+    """Run fn in a new thread that exits afterwards, so a namespace it entered dies with it
+    (also used to build a jail's mount namespace, `aenv.vmm.jailroot`)."""
     result: list[Any] = []
     error: list[BaseException] = []
 
@@ -83,7 +84,7 @@ def _in_fresh_thread(fn: Callable[[], T]) -> T:
         except BaseException as e:
             error.append(e)
 
-    t = threading.Thread(target=body, name="aenv-netns", daemon=True)
+    t = threading.Thread(target=body, name=name, daemon=True)
     t.start()
     t.join()
     if error:
@@ -105,7 +106,7 @@ def run_in_netns(path: str | Path, fn: Callable[..., T], *args: Any, **kwargs: A
             raise NetnsError(errno.EINVAL, "thread did not enter the namespace", str(path))
         return fn(*args, **kwargs)
 
-    return _in_fresh_thread(body)
+    return in_fresh_thread(body)
 
 
 def create_netns(name: str) -> Path:
@@ -123,7 +124,7 @@ def create_netns(name: str) -> Path:
         )
 
     try:
-        _in_fresh_thread(body)
+        in_fresh_thread(body)
     except BaseException:
         with contextlib.suppress(OSError):
             path.unlink()

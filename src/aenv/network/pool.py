@@ -220,6 +220,24 @@ class SlotPool:
         self._destroy(slot)
         raise SlotPoolError("slot pool is closed")
 
+    def adopt(self, index: int) -> Slot:
+        """Claim the slot at `index` as it is: one an earlier process with this prefix
+        created and a VMM it left running still uses (node restart). It is marked in use,
+        neither created nor reset, and goes back through `release` like any other."""
+        slot = slot_for(self.naming, index, self.uid_for_index(index))
+        with self._lock:
+            if self._closed:
+                raise SlotPoolError("slot pool is closed")
+            if not 0 <= index < self.max_slots:
+                raise SlotPoolError(f"slot index {index} is outside max_slots={self.max_slots}")
+            if index in self._in_use or index in self._busy or any(
+                    s.index == index for s in self._idle):
+                raise SlotPoolError(f"slot {slot.netns} is already held by this pool")
+            if not slot.netns_path.exists() or not _link_exists(slot.host_veth):
+                raise SlotPoolError(f"slot {slot.netns} does not exist (or is half gone)")
+            self._in_use[index] = slot
+        return slot
+
     def release(self, slot: Slot) -> None:
         """Return a slot (its VMM must be gone). It is reset and kept for reuse, or
         destroyed if the pool is closed, full of idle slots, or the reset fails."""

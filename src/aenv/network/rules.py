@@ -1,8 +1,11 @@
-"""The nftables ruleset inside a slot namespace: host -> guest DNAT, no guest egress.
+"""The nftables ruleset inside a slot namespace: host -> guest DNAT, guest egress by policy.
 
 Lives only in the slot's own namespace (never the host ruleset), in one `inet` table so
 the drop rules also cover IPv6. Loaded through libnftables in-process (~1.5 ms) rather
 than `nft -f -` (a fork+exec, ~6 ms); the binary is the fallback.
+
+A fresh or reset slot lets the guest start nothing: its egress sets are empty. A sandbox's
+egress policy (`egress.py`) only fills sets (`egress_commands`), in one transaction.
 """
 
 from __future__ import annotations
@@ -16,45 +19,71 @@ import subprocess
 import threading
 
 from aenv.network.addressing import GUEST_ADDR, NETNS_VETH, TAP_NAME
+from aenv.network.egress import SPECIAL, EgressSets, Net
 
 TABLE = "aenv"
+# The sets a sandbox's egress policy fills, in the order guest_egress consults them.
+EGRESS_SETS = ("never", "allow_special", "allow_out", "deny_out", "allow_default")
 
 
 class RulesError(RuntimeError):
     """nft rejected the ruleset or is missing."""
 
 
-def slot_ruleset(slot_addr: str) -> str:
-    """Rules for one fresh slot namespace; slot_addr is the namespace end of the host veth.
+def _elements(nets: tuple[Net, ...]) -> str:
+    return ", ".join(str(n) for n in nets)
+
+
+def slot_ruleset(slot_addr: str, host_addr: str) -> str:
+    """Rules for one fresh slot namespace; slot_addr is the namespace end of the host veth,
+    host_addr the host's end.
 
     No `delete table` first: in the same transaction it costs ~15 ms of kernel commit time,
     and slots are only ever configured once, right after their namespace is created.
     """
-    up, tap = NETNS_VETH, TAP_NAME
+    up, tap, g = NETNS_VETH, TAP_NAME, GUEST_ADDR
+    sets = "\n".join(
+        f"    set {name} {{ type ipv4_addr; flags interval; }}" for name in EGRESS_SETS)
     return f"""\
 table inet {TABLE} {{
     counter guest_denied {{ }}
+{sets}
+    set special {{ type ipv4_addr; flags interval; elements = {{ {_elements(SPECIAL)} }} }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
-        # Host -> slot address, any TCP port, lands on the same port in the guest.
-        iifname "{up}" ip daddr {slot_addr} meta l4proto tcp dnat ip to {GUEST_ADDR}
+        # The host -> slot address, any TCP port, lands on the same port in the guest. Only
+        # from the host itself: were the host to forward (egress), nobody else gets in.
+        iifname "{up}" ip saddr {host_addr} ip daddr {slot_addr} meta l4proto tcp dnat ip to {g}
     }}
     chain postrouting {{
         type nat hook postrouting priority srcnat; policy accept;
         # The guest sees connections from its gateway, so it needs no route to 198.18.x.
         oifname "{tap}" ip daddr {GUEST_ADDR} masquerade
+        # Allowed egress leaves as the slot address, which the host routes back here.
+        oifname "{up}" ip saddr {GUEST_ADDR} snat ip to {slot_addr}
     }}
     chain forward {{
         type filter hook forward priority filter; policy drop;
         ct state established,related accept
         iifname "{up}" oifname "{tap}" ip daddr {GUEST_ADDR} ct status dnat accept
-        # Anything the guest starts is dropped; counted, so denied egress is observable.
+        iifname "{tap}" oifname "{up}" ip saddr {GUEST_ADDR} jump guest_egress
+        # Anything else the guest starts is dropped; counted, so denied egress is observable.
         iifname "{tap}" counter name guest_denied drop
+    }}
+    chain guest_egress {{
+        # `return` = back to forward's counted drop; see egress.py for the order.
+        ip daddr @never return
+        ip daddr @allow_special accept
+        ip daddr @special return
+        ip daddr @allow_out accept
+        ip daddr @deny_out return
+        ip daddr @allow_default accept
     }}
     chain input {{
         type filter hook input priority filter; policy accept;
         iifname "{tap}" ct state established,related accept
         iifname "{tap}" counter name guest_denied drop
+        iifname "{up}" ip saddr != {host_addr} drop
     }}
     chain egress_guard {{
         type filter hook postrouting priority srcnat + 10; policy accept;
@@ -65,6 +94,18 @@ table inet {TABLE} {{
     }}
 }}
 """
+
+
+def egress_commands(sets: EgressSets | None) -> str:
+    """One transaction that replaces the egress sets' contents (None: empty them all, the
+    closed state of a fresh slot)."""
+    lines = [f"flush set inet {TABLE} {name}" for name in EGRESS_SETS]
+    if sets is not None:
+        for name in EGRESS_SETS:
+            nets: tuple[Net, ...] = getattr(sets, name)
+            if nets:
+                lines.append(f"add element inet {TABLE} {name} {{ {_elements(nets)} }}")
+    return "\n".join(lines) + "\n"
 
 
 class _LibNftables:

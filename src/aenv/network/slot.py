@@ -33,7 +33,8 @@ from aenv.network.addressing import (
     TAP_NAME,
     SlotNaming,
 )
-from aenv.network.rules import apply_ruleset, slot_ruleset
+from aenv.network.egress import EgressPolicy, EgressSets, compile_sets, host_local_networks
+from aenv.network.rules import apply_ruleset, egress_commands, slot_ruleset
 from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, create_persistent_tap, open_tap
 from aenv.vmm.base import NetAttachment
 
@@ -132,7 +133,7 @@ def _configure_inside(slot: Slot, host_ns_fd: int) -> None:
         # The guest MAC is fixed, so a permanent entry saves an ARP round trip on the first
         # connection after every restore and can never go stale.
         ipr.neigh("add", dst=GUEST_ADDR, lladdr=GUEST_MAC, ifindex=tap, state=_NUD_PERMANENT)
-    apply_ruleset(slot_ruleset(slot.slot_addr))
+    apply_ruleset(slot_ruleset(slot.slot_addr, slot.host_addr))
 
 
 def create_slot(slot: Slot) -> None:
@@ -183,16 +184,65 @@ def destroy_slot(netns_name: str, host_veth: str) -> None:
                 ipr.link("del", index=idx)
 
 
-def _reset_inside(tap: str) -> None:
+_DEFAULT_ROUTE = "0.0.0.0/0"
+_ESRCH = 3  # netlink: no such route
+
+
+def _set_egress_inside(slot: Slot, sets: EgressSets | None) -> None:
+    """Open (sets) or close (None) the slot's egress. The default route exists exactly
+    while the slot may be open: it goes in before the sets are filled and out before they
+    are emptied, so a slot without it was never opened and closing it costs a read of
+    /proc (a reset runs on every release)."""
+    if sets is None and not _has_default_route():
+        return
+    with IPRoute() as ipr:
+        if sets is not None:
+            # The route out: through the host, which routes (or drops) what the rules let by.
+            ipr.route("replace", dst=_DEFAULT_ROUTE, gateway=slot.host_addr)
+            apply_ruleset(egress_commands(sets))
+            return
+        try:  # no route at all while closed: a second layer under the drop rules
+            ipr.route("del", dst=_DEFAULT_ROUTE)
+        except NetlinkError as e:
+            if e.code != _ESRCH:
+                raise
+    apply_ruleset(egress_commands(None))
+
+
+def _has_default_route() -> bool:
+    # procfs of the calling thread's namespace: ~50x cheaper than opening a netlink socket.
+    for line in Path("/proc/thread-self/net/route").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000" and fields[7] == "00000000":  # destination and mask
+            return True
+    return False
+
+
+def set_egress(slot: Slot, policy: EgressPolicy, slot_network: str) -> None:
+    """Open the slot's egress as `policy` says, for the sandbox that holds it. A closed
+    policy needs nothing: a slot is closed from its creation and from every reset. The
+    host's local addresses are read now (call from the host's namespace). Raises OSError
+    or RulesError."""
+    if policy.is_closed:
+        return
+    try:
+        sets = compile_sets(policy, slot_network, host_local_networks())
+        ns.run_in_netns(slot.netns_path, _set_egress_inside, slot, sets)
+    except NetlinkError as e:  # callers see OSError (or RulesError) only
+        raise OSError(e.code, f"egress of {slot.netns}: {e}") from e
+
+
+def _reset_inside(slot: Slot) -> None:
     # A VMM still attached would make the next one fail to attach (EBUSY): refuse, so the
     # pool destroys this slot instead of handing it out.
-    os.close(open_tap(tap))
+    os.close(open_tap(slot.tap))
+    _set_egress_inside(slot, None)  # before the flush: no flow of the last tenant survives
     with NFCTSocket() as ct:
         ct.flush()
 
 
 def reset_slot(slot: Slot) -> None:
-    """Make a released slot fit for the next sandbox: check nothing holds its tap and
-    forget its NAT/conntrack state. Addresses, MACs, tap and rules are identical for every
-    tenant, so they stay."""
-    ns.run_in_netns(slot.netns_path, _reset_inside, slot.tap)
+    """Make a released slot fit for the next sandbox: check nothing holds its tap, close
+    its egress again and forget its NAT/conntrack state. Addresses, MACs, tap and the rest
+    of the rules are identical for every tenant, so they stay."""
+    ns.run_in_netns(slot.netns_path, _reset_inside, slot)

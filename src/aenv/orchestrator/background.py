@@ -1,13 +1,17 @@
-"""The orchestrator's background loops: the TTL sweeper and the metrics sampler."""
+"""The orchestrator's background loops: the TTL sweeper, the metrics sampler, and the
+snapshot checksum worker and scrubber."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from aenv.orchestrator.obs import log_event
 from aenv.orchestrator.states import SandboxState
+from aenv.storage.checksums import Pacer
+from aenv.storage.snapshots import SnapshotCorrupt, SnapshotNotFound, SnapshotStore, Verification
 
 if TYPE_CHECKING:
     from aenv.orchestrator.service import Orchestrator
@@ -18,6 +22,10 @@ log = logging.getLogger("aenv.orchestrator")
 SAMPLE_TIMEOUT_S = 2.0
 # Samples older than this are dropped.
 METRICS_RETENTION_S = 3600
+# How often the checksum worker looks at the store's queue of new snapshots (an in-memory
+# deque: polling it costs nothing, and the worker needs no hook in the snapshot path).
+CHECKSUM_POLL_S = 0.5
+MIB = 1 << 20
 
 
 async def ttl_sweeper(orch: Orchestrator) -> None:
@@ -57,3 +65,87 @@ async def metrics_sampler(orch: Orchestrator) -> None:
             log.exception("metrics.sample_failed")
         else:
             log_event(log, "metrics.sampled", logging.DEBUG, sandboxes=len(ids))
+
+
+def _snapshot_store(orch: Orchestrator) -> SnapshotStore | None:
+    """The runtime's snapshot repository (the fake runtime has none: nothing to hash)."""
+    store = getattr(orch.runtime, "snapshots", None)
+    return store if isinstance(store, SnapshotStore) else None
+
+
+async def snapshot_checksums(orch: Orchestrator) -> None:
+    """Compute each new snapshot's chunk checksums after the call that took it returned
+    (never on the snapshot, pause or resume path); at start, those of snapshots that lack
+    theirs (built before checksums existed, by the CLI, or the node stopped mid-hash).
+    One snapshot at a time, at full speed on one thread."""
+    store = _snapshot_store(orch)
+    if store is None:
+        return
+    pacer = Pacer()
+    try:
+        queued = await asyncio.to_thread(store.queue_missing)
+        if queued:
+            log_event(log, "snapshot.checksums_missing", count=len(queued))
+        while True:
+            sid = store.next_pending()
+            if sid is None:
+                await asyncio.sleep(CHECKSUM_POLL_S)
+                continue
+            t0 = time.perf_counter()
+            try:
+                done = await asyncio.to_thread(store.compute_checksums, sid, pacer)
+            except SnapshotNotFound:
+                continue  # deleted meanwhile: its directory went with whatever we wrote
+            except (SnapshotCorrupt, OSError) as e:
+                log_event(log, "snapshot.checksums_failed", logging.WARNING, snapshot_id=sid,
+                          error=str(e))  # fmt: skip
+                continue
+            if done:
+                log_event(log, "snapshot.checksummed", snapshot_id=sid,
+                          ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+    finally:
+        pacer.stop.set()  # a hashing thread still running stops at its next chunk
+
+
+async def scrubber(orch: Orchestrator) -> None:
+    """Every `scrub_interval_s` (0: never), re-verify every stored snapshot's chunks at no
+    more than `scrub_rate_mib_s`; a mismatch marks the snapshot unusable."""
+    store = _snapshot_store(orch)
+    interval = orch.config.scrub_interval_s
+    if store is None or interval <= 0:
+        return
+    pacer = Pacer()
+    try:
+        while True:
+            await asyncio.sleep(interval)
+            # A new pacer per pass, sharing the stop event: the idle interval is no credit.
+            pacer = Pacer(rate=orch.config.scrub_rate_mib_s * MIB, stop=pacer.stop)
+            await scrub(store, pacer)
+    finally:
+        pacer.stop.set()
+
+
+async def scrub(store: SnapshotStore, pacer: Pacer) -> list[Verification]:
+    """One pass over the store: verify each snapshot not already marked corrupt."""
+    out: list[Verification] = []
+    t0 = time.perf_counter()
+    for sid in await asyncio.to_thread(store.list):
+        if store.corrupt_reason(sid) is not None:
+            continue
+        try:
+            v = await asyncio.to_thread(store.verify, sid, pacer)
+        except SnapshotNotFound:
+            continue  # deleted meanwhile
+        except (SnapshotCorrupt, OSError) as e:
+            log_event(log, "snapshot.scrub_failed", logging.WARNING, snapshot_id=sid,
+                      error=str(e))  # fmt: skip
+            continue
+        if v.status == "corrupt":
+            log_event(log, "snapshot.corrupt", logging.ERROR, snapshot_id=sid, reason=v.detail)
+        out.append(v)
+    log_event(log, "snapshot.scrubbed", ok=sum(v.status == "ok" for v in out),
+              corrupt=sum(v.status == "corrupt" for v in out),
+              unverified=sum(v.status == "unverified" for v in out),
+              mib_read=round(pacer.bytes_read / MIB, 1),
+              s=round(time.perf_counter() - t0, 1))  # fmt: skip
+    return out

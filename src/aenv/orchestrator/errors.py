@@ -10,7 +10,8 @@
     └── ShuttingDown                  (503) the node stopped accepting work
 
 Runtime failures (`aenv.orchestrator.runtime_api.RuntimeError_` and subclasses) pass through
-unchanged; they carry their own `status`.
+unchanged; they carry their own `status`, and some an E2B `error_code` for the body (e.g.
+`runtime.UnusableSnapshot`: 409 "snapshot_corrupt", a restore refused by an integrity check).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from aenv.config import MachineShape
 from aenv.orchestrator.runtime_api import (
     AgentInit,
+    GuestUnresponsive,
     RuntimeError_,
     SandboxHandle,
     SnapshotInfo,
@@ -47,6 +48,9 @@ class FakeRuntime:
         self.boot_delay_s = boot_delay_s
         self.live: dict[str, SandboxHandle] = {}
         self.paused: dict[str, SandboxHandle] = {}  # "files on disk": survives nothing here
+        self.paused_memory: dict[str, bool] = {}  # False: a filesystem-only pause
+        self.unresponsive: set[str] = set()  # sandboxes whose "guest agent" does not answer
+        self.resumes: list[tuple[str, str]] = []  # (sandbox id, "restore" or "reboot")
         self.snapshots: dict[str, SnapshotInfo] = {}
         self.inits: dict[str, AgentInit] = {}
         self.killed: list[str] = []
@@ -109,24 +113,36 @@ class FakeRuntime:
 
     # -- pause, resume, snapshots, fork ------------------------------------------------------
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(
+        self, sandbox_id: str, *, memory: bool = True, require_healthy_guest: bool = False
+    ) -> None:
+        if require_healthy_guest and sandbox_id in self.unresponsive:
+            raise GuestUnresponsive(f"the guest agent of {sandbox_id} did not answer")
         if self.boot_delay_s:
             await asyncio.sleep(self.boot_delay_s)
         if self.fail_next_pause is not None:
             exc, self.fail_next_pause = self.fail_next_pause, None
             raise exc
         self.paused[sandbox_id] = self.live.pop(sandbox_id)
+        self.paused_memory[sandbox_id] = memory
 
-    async def resume(self, sandbox_id: str, init: AgentInit) -> SandboxHandle:
+    async def resume(
+        self, sandbox_id: str, init: AgentInit, *, memory: bool = True
+    ) -> SandboxHandle:
         if sandbox_id not in self.paused:
             raise RuntimeError_(f"sandbox {sandbox_id} has no paused state")
+        reboot = not memory or not self.paused_memory.get(sandbox_id, True)
+        if reboot:
+            self.paused_memory[sandbox_id] = False  # a reboot discards the memory state first
         if self.boot_delay_s:
             await asyncio.sleep(self.boot_delay_s)
         if self.fail_next_resume is not None:
             exc, self.fail_next_resume = self.fail_next_resume, None
             raise exc
         handle = self.live[sandbox_id] = self.paused.pop(sandbox_id)
+        self.paused_memory.pop(sandbox_id, None)
         self.inits[sandbox_id] = init
+        self.resumes.append((sandbox_id, "reboot" if reboot else "restore"))
         return handle
 
     def is_paused(self, sandbox_id: str) -> bool:

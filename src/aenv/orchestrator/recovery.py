@@ -1,25 +1,29 @@
 """Node restart: resolve every record left by the previous process (`states.RECOVERY`).
 
-A Runtime may offer the optional extension
+A record whose paused state the runtime finds complete on disk (`is_paused`) is Paused
+whatever transition it was in (Pausing, Paused, Resuming). Every other record that needs a
+VM (Running, Snapshotting, Forking, and Pausing/Paused/Resuming without complete paused
+state) is offered to the Runtime's optional extension
 
     async def adopt(self, handles: list[SandboxHandle]) -> list[SandboxHandle]
 
-which re-attaches to the VMs of those handles that still answer (e.g. QMP replies); the
-handles it returns stay Running. Without it, no VM survives a restart and every record that
-needed one is removed. A record whose paused state the runtime finds complete on disk
-(`is_paused`) is Paused whatever transition it was in (Pausing, Paused, Resuming; see
-`states.RECOVERY`); a Paused record whose files are gone is removed. Then, if the Runtime
-offers
+which re-attaches to those VMs that still run and answer (the QEMU runtime: its adoption
+record, process identity, slot, QMP `query-status` and agent `/health`; a guest a save left
+stopped continues). The handles it returns become Running with their routes; the others are
+removed. Without `adopt`, no VM survives a restart. Creating and Killing records are removed
+(their clients got no id, or asked for the kill). Then, if the Runtime offers
 
     async def reclaim(self, keep: set[str]) -> list[str]
 
 it is asked to end every VM, jail, slot and directory an earlier node process left behind
-except those of the sandboxes that keep a record (adopted, or paused: their state is on disk).
+(old warm-pool VMs included) except those of the sandboxes that keep a record (adopted, or
+paused: their state is on disk). The full table is in docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from aenv.orchestrator.obs import log_event
@@ -34,6 +38,7 @@ log = logging.getLogger("aenv.orchestrator")
 
 
 async def recover(orch: Orchestrator) -> dict[str, int]:
+    t0 = time.perf_counter()
     store = orch.store
     records = store.all()
     is_paused = getattr(orch.runtime, "is_paused", None)
@@ -71,6 +76,7 @@ async def recover(orch: Orchestrator) -> dict[str, int]:
             store.force_state(rec.sandbox_id, SandboxState.RUNNING, now)
             orch.routes.add(adopted[rec.sandbox_id], rec.access_token)
             counts["adopted"] += 1
+            log_event(log, "recovery.adopted", sandbox_id=rec.sandbox_id, state=str(rec.state))
         elif action in ("adopt", "remove"):
             store.force_delete(rec.sandbox_id)
             counts["removed"] += 1
@@ -82,11 +88,14 @@ async def recover(orch: Orchestrator) -> dict[str, int]:
         try:
             # Keep every sandbox that still has a record: adopted VMs and paused state.
             keep = {r.sandbox_id for r in store.all()}
+            t_reclaim = time.perf_counter()
             reclaimed = await reclaim(keep=keep)
         except Exception:
             log.exception("recovery.reclaim_failed")
         else:
             counts["reclaimed"] = len(reclaimed)
+            # Its steps and their order: `aenv.orchestrator.reclaim` (logged as recovery.reclaim).
+            counts["reclaim_ms"] = round((time.perf_counter() - t_reclaim) * 1000)
     if records or counts.get("reclaimed"):
-        log_event(log, "recovery.done", **counts)
+        log_event(log, "recovery.done", ms=round((time.perf_counter() - t0) * 1000, 1), **counts)
     return counts

@@ -22,14 +22,19 @@ from pathlib import Path
 import httpx
 
 from aenv.config import Config, MachineShape
-from aenv.network import pool as slot_pool
+from aenv.faults import fault
 from aenv.network.addressing import guest_ip_cmdline
-from aenv.network.pool import SlotPool
-from aenv.network.slot import Slot
+from aenv.network.pool import SlotPool, SlotPoolError
+from aenv.network.rules import RulesError
+from aenv.network.slot import Slot, set_egress
+from aenv.orchestrator import adoption, agent_replies, guest_flush
+from aenv.orchestrator import reclaim as reclaim_mod
+from aenv.orchestrator.agent_replies import GuestReplyError
 from aenv.orchestrator.runtime_api import (
     AGENT_PORT,
     AgentInit,
     CapacityExceeded,
+    GuestUnresponsive,
     RuntimeError_,
     SandboxHandle,
     SnapshotInfo,
@@ -37,6 +42,7 @@ from aenv.orchestrator.runtime_api import (
     TemplateNotFound,
 )
 from aenv.storage import datafs
+from aenv.storage.checksums import sha256_file
 from aenv.storage.files import clone, fsync_path, remove_tree, write_json_atomic
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.snapshots import (
@@ -44,12 +50,15 @@ from aenv.storage.snapshots import (
     SnapshotCorrupt,
     SnapshotNotFound,
     SnapshotStore,
+    SnapshotUnusable,
+    check_restorable,
     now_rfc3339,
 )
 from aenv.storage.templates import TemplateCatalog, TemplateMissing
+from aenv.vmm import jail
 from aenv.vmm.base import Drive, Vm, VmmError, VmSpec
-from aenv.vmm.cgroup import Cgroup, list_groups
-from aenv.vmm.qemu import QemuDriver, host_tsc_khz
+from aenv.vmm.cgroup import Cgroup
+from aenv.vmm.qemu import QemuDriver, QemuVm, host_tsc_khz
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,17 @@ log = logging.getLogger(__name__)
 FORK_PREFIX = "fork-"
 AGENT_BOOT_TIMEOUT = 180.0  # a cold boot under TCG: kernel ~1 s, Python agent start far more
 AGENT_INIT_TIMEOUT = 10.0
+# Adopting a VM after a node restart: a running guest answers at once, but one a save left
+# stopped first finishes that migration and continues, on a host that may be busy.
+ADOPT_VMM_TIMEOUT = 30.0
+ADOPT_AGENT_TIMEOUT = 20.0
+AGENT_METRICS_TIMEOUT = 2.0  # a sample, skipped when late
+# A filesystem-only pause waits this long for the guest's `sync` (a busy TCG guest with
+# dirty pages to write may take seconds); a strict pause this long for /health first.
+GUEST_FLUSH_TIMEOUT = 20.0
+GUEST_CHECK_TIMEOUT = 5.0
+# In a paused VM's directory: {"memory": bool}, what its paused state holds.
+PAUSE_MARKER = "pause.json"
 
 
 class BootError(RuntimeError_):
@@ -69,6 +89,14 @@ class ShapeMismatch(RuntimeError_):
 
 class PausedStateMissing(RuntimeError_):
     status = 409
+
+
+class UnusableSnapshot(RuntimeError_):
+    """A restore refused: the snapshot (or paused state) is marked corrupt or its device
+    state is not the one saved."""
+
+    status = 409
+    error_code = "snapshot_corrupt"  # E2B's machine-readable `error_code` in the body
 
 
 def kernel_cmdline(extra: str = "") -> str:
@@ -146,37 +174,88 @@ class Runtime:
         await self.slots.close_async()
 
     async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
-        """Reclaim what an earlier node process left behind: jails (cgroups and their
-        processes), VM directories and slots not named in `keep`."""
-        reclaimed = []
-        prefix = self.driver.jail_prefix
+        """Reclaim what an earlier node process left behind, in the fixed order of
+        `reclaim.STEPS` (processes, cgroups, network, mounts, files): everything of this
+        instance but the VMs this process runs (adopted ones included), its warm pool and
+        slots, and the directories of the sandboxes named in `keep`."""
         # The pool starts filling in start(): let its spawns finish so they count as live.
+        t0 = time.perf_counter()
         await self._pool.settle()
         live = {m.jail for m in self._machines.values()} | self._pool.names()
-        for group in await asyncio.to_thread(list_groups):
-            name = group.removeprefix(prefix)
-            # A jail lives only with a VMM this process runs: a kept paused sandbox has none.
-            if group.startswith(prefix) and name not in live:
-                await asyncio.to_thread(Cgroup(group).remove)
-                reclaimed.append(f"cgroup:{group}")
-        if self.cfg.sandboxes_dir.exists():
-            kept = set(keep) | set(self._machines) | live
-            # A sandbox restored into a pooled VM is a symlink to the pool's directory.
-            kept |= {p.resolve().name for p in self.cfg.sandboxes_dir.iterdir()
-                     if p.name in kept and p.is_symlink()}
-            for p in self.cfg.sandboxes_dir.iterdir():
-                if p.name not in kept:
-                    remove_tree(p)
-                    reclaimed.append(f"dir:{p.name}")
-                    # A fork that died with the node leaves its transient snapshot.
-                    for snap in self.snapshots.list():
-                        if snap.startswith(f"{FORK_PREFIX}{p.name}-"):
-                            with contextlib.suppress(SnapshotNotFound):
-                                self.snapshots.delete(snap)
-                            reclaimed.append(f"snapshot:{snap}")
-        reclaimed += await asyncio.to_thread(
-            slot_pool.reclaim_orphans, self.slots.prefix, self.slots.owned())
-        return reclaimed
+        done = await asyncio.to_thread(
+            reclaim_mod.reclaim, self.cfg, self.snapshots, live_vms=live,
+            keep_dirs=set(keep) | set(self._machines) | live, keep_slots=self.slots.owned(),
+            pool_wait_ms=(time.perf_counter() - t0) * 1000)
+        return done.items
+
+    async def adopt(self, handles: list[SandboxHandle]) -> list[SandboxHandle]:
+        """Re-attach to the VMs an earlier node process left running for these sandboxes
+        (node restart, see `recovery`): those whose adoption record, processes, slot, QMP
+        and agent all check out. What is not adopted is left to `reclaim`."""
+        results = await asyncio.gather(*(self._adopt(h) for h in handles),
+                                       return_exceptions=True)
+        adopted = []
+        for h, r in zip(handles, results, strict=True):
+            if isinstance(r, SandboxHandle):
+                adopted.append(r)
+            elif isinstance(r, Exception):
+                log.info("sandbox %s not adopted: %s", h.sandbox_id, r)
+            else:
+                raise r
+        return adopted
+
+    async def _adopt(self, h: SandboxHandle) -> SandboxHandle:
+        name = h.sandbox_id
+        workdir = self.cfg.sandboxes_dir / name
+        t0 = time.perf_counter()
+        rec = await asyncio.to_thread(adoption.read, workdir)
+        if rec.sandbox_id != name or rec.slot_addr != h.slot_addr or name in self._machines:
+            raise adoption.NotAdoptable("its adoption record names another sandbox or slot")
+        real = workdir.resolve()  # a pooled VM's directory: its jail is named after it
+        jailed = await asyncio.to_thread(jail.adopt, self.driver.jail_prefix + real.name,
+                                         rec.jail, self.slots.uid_for_index(rec.slot_index))
+        if jailed is None:
+            raise adoption.NotAdoptable("its VMM is gone (or is not the process recorded)")
+        # From here on it is provably this sandbox's VM: a failure ends it at once.
+        try:
+            slot = await asyncio.to_thread(self.slots.adopt, rec.slot_index)
+        except BaseException:
+            await jailed.kill()
+            raise
+        try:
+            if slot.slot_addr != rec.slot_addr:
+                raise SlotPoolError(f"slot {slot.netns} is at {slot.slot_addr} now")
+            spec = self._spec(slot, real, rec.shape, Path(rec.kernel), Path(rec.tools),
+                              rec.cmdline)
+            t1 = time.perf_counter()
+            vm: QemuVm = await asyncio.wait_for(self.driver.adopt(spec, jailed),
+                                                ADOPT_VMM_TIMEOUT)
+        except BaseException:
+            await jailed.kill()
+            await self.slots.release_async(slot)
+            raise
+        m = Machine(name, vm, slot, workdir, rec.template_id, jail=real.name,
+                    access_token=rec.access_token)
+        self._machines[name] = m
+        try:
+            t2 = time.perf_counter()
+            await self.wait_agent(m, ADOPT_AGENT_TIMEOUT)
+        except BaseException:
+            await self._stop(m)
+            raise
+        log.debug("adopt %s: checks+slot=%.1fms qmp=%.1fms agent=%.1fms", name,
+                  (t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3)
+        return self.handle(name, h.template_id)
+
+    def _adoption_record(self, m: Machine) -> adoption.AdoptionRecord:
+        vm = m.vm
+        assert isinstance(vm, QemuVm)
+        man = self._manifest_of(m, "")  # the machine as a snapshot of it would name it
+        return adoption.AdoptionRecord(
+            sandbox_id=m.name, template_id=m.template_id, slot_index=m.slot.index,
+            slot_addr=m.slot.slot_addr, shape=man.shape, kernel=man.kernel, tools=man.tools,
+            cmdline=man.cmdline, jail=vm.identity(), access_token=m.access_token,
+        )
 
     def cgroup(self, name: str) -> Cgroup:
         m = self._machines.get(name)
@@ -234,26 +313,42 @@ class Runtime:
 
     async def cold_boot(self, name: str, shape: MachineShape, kernel: Path, tools: Path,
                         rootfs: Path, cmdline: str) -> Machine:
-        """Boot a VM from a kernel and a rootfs image (template builds only)."""
+        """Boot a VM from a kernel and a rootfs image (template builds)."""
         slot, workdir = await self._prepare(name)
-        spec = self._spec(slot, workdir, shape, kernel, tools, cmdline)
         try:
             await asyncio.to_thread(clone, rootfs, workdir / "disk")
+        except BaseException:
+            await self._release(slot, workdir)
+            raise
+        return await self._boot_disk(name, name, slot, workdir, shape, kernel, tools, cmdline,
+                                     keep_dir=False)  # fmt: skip
+
+    async def _boot_disk(self, name: str, template_id: str, slot: Slot, workdir: Path,
+                         shape: MachineShape, kernel: Path, tools: Path, cmdline: str, *,
+                         keep_dir: bool) -> Machine:
+        """Cold-boot the disk already in `workdir` with a fresh (sparse, empty) RAM file and
+        wait for the agent. On failure the VMM and slot go, and the directory too unless
+        `keep_dir` (a reboot-resume: the disk is the paused sandbox's state)."""
+        spec = self._spec(slot, workdir, shape, kernel, tools, cmdline)
+        try:
             with open(spec.memory_file, "wb") as f:
                 f.truncate(shape.memory_mib << 20)
             for f in (workdir / "disk", spec.memory_file):
                 self._own(f, slot.tap_uid)
             vm = await self.driver.spawn(spec, incoming=False)
         except BaseException:
-            await self._release(slot, workdir)
+            await self._release(slot, None if keep_dir else workdir)
             raise
-        m = Machine(name, vm, slot, workdir, name, jail=name)
+        m = Machine(name, vm, slot, workdir, template_id, jail=name)
         self._machines[name] = m
         try:
             await vm.boot()
             await self.wait_agent(m, AGENT_BOOT_TIMEOUT)
         except BaseException:
-            await self.destroy(name)
+            if keep_dir:
+                await self._stop(m)
+            else:
+                await self.destroy(name)
             raise
         return m
 
@@ -276,6 +371,10 @@ class Runtime:
         man = self.paused_manifest(name) if snapshot_id is None else self._manifest(snapshot_id)
         src_dir = self.cfg.sandboxes_dir / name if snapshot_id is None else self.snapshots.path(
             snapshot_id)
+        try:
+            check_restorable(src_dir, man)
+        except SnapshotUnusable as e:
+            raise UnusableSnapshot(f"cannot restore: {e}") from e
         warm = self._pool.take(self._pool_key(man))
         if warm is not None:
             return await self._restore_warm(name, man, src_dir, warm, paused=snapshot_id is None)
@@ -297,6 +396,7 @@ class Runtime:
         self._machines[name] = m
         try:
             t2 = time.perf_counter()
+            fault("create.before_restore" if snapshot_id is not None else "resume.before_restore")
             await vm.restore(src_dir / "state")
             if snapshot_id is None:
                 # From `cont` on the guest changes these very files: the paused state stops
@@ -324,6 +424,7 @@ class Runtime:
                 # mode stay the jail's.
                 await asyncio.to_thread(clone, src_dir / f, warm.workdir / f)
             t1 = time.perf_counter()
+            fault("resume.before_restore" if paused else "create.before_restore")
             await warm.vm.restore(src_dir / "state")
             await warm.vm.resume()
         except BaseException:
@@ -355,13 +456,16 @@ class Runtime:
     async def _save(self, m: Machine, state: Path) -> None:
         """Stop vCPUs and make device state, RAM and disk durable in the VM's files."""
         await m.vm.pause()
+        fault("save.after_stop")
         await m.vm.save(state)
         await asyncio.gather(*(asyncio.to_thread(fsync_path, m.workdir / f)
                                for f in ("memory", "disk", state.name)))
 
-    async def snapshot(self, name: str, manifest: Manifest, *, resume: bool = True) -> None:
+    async def snapshot(self, name: str, manifest: Manifest, *, resume: bool = True,
+                       checksums: bool = True) -> None:
         """Clone a running machine into the snapshot repository. The VM is stopped only
-        while its device state is saved and its files are cloned."""
+        while its device state is saved and its files are cloned. Chunk checksums (not for
+        a transient snapshot) are computed later, in the background."""
         m = self._machines[name]
         state = m.workdir / "state"
         try:
@@ -369,21 +473,36 @@ class Runtime:
             await asyncio.to_thread(
                 self.snapshots.put, manifest,
                 {"state": state, "memory": m.workdir / "memory", "disk": m.workdir / "disk"},
+                checksums=checksums,
             )
+            fault("snapshot.after_put")
         finally:
             if resume:
                 await m.vm.resume()
 
     # -- pause / resume / fork ---------------------------------------------------------
-    async def pause(self, name: str) -> None:
+    async def pause(self, name: str, *, memory: bool = True,
+                    require_healthy_guest: bool = False) -> None:
         """Save the VM into its own directory and end the VMM: a paused sandbox holds no
-        CPU, no RAM (its files' pages become clean cache) and no slot."""
+        CPU, no RAM (its files' pages become clean cache) and no slot. Filesystem-only
+        (`memory=False`): the guest flushes its filesystems first and only the disk is kept
+        (no RAM file, no device state); resuming it is a reboot."""
         m = self._machines[name]
+        if require_healthy_guest:
+            # Fail fast on a wedged agent (the SDK retries a 503), before a long flush wait.
+            await guest_flush.check_agent(m.http, m.slot.url(AGENT_PORT), GUEST_CHECK_TIMEOUT)
+        if not memory:
+            await self._flush_guest(m, strict=require_healthy_guest)
         try:
-            await self._save(m, m.workdir / "state")
+            if memory:
+                await self._save(m, m.workdir / "state")
+            else:
+                await m.vm.pause()  # stop vCPUs: nothing more reaches the disk
+            fault("pause.after_save")
             man = self._manifest_of(m, name)
             man.created_at = now_rfc3339()
-            await asyncio.to_thread(write_json_atomic, m.workdir / "manifest.json", man.to_json())
+            await asyncio.to_thread(self._mark_paused, m.workdir, man, memory)
+            fault("pause.after_manifest")
         except BaseException:
             # Keep it running if it can; no paused state may stay behind a running guest.
             try:
@@ -394,11 +513,57 @@ class Runtime:
                 await self.destroy(name)
             raise
         await self._stop(m)
+        if not memory:
+            await asyncio.to_thread(self._keep_disk_only, m.workdir)
+
+    async def _flush_guest(self, m: Machine, *, strict: bool) -> None:
+        """`sync` in the guest before a filesystem-only pause. A guest that does not answer
+        fails a strict pause (nothing changed); otherwise its disk is kept as it is, like
+        after a power cut (ext4's journal keeps it mountable; unflushed writes are lost)."""
+        try:
+            await guest_flush.sync_filesystems(m.http, m.slot.url(AGENT_PORT), m.access_token,
+                                               GUEST_FLUSH_TIMEOUT)  # fmt: skip
+        except GuestUnresponsive as e:
+            if strict:
+                raise
+            log.warning("filesystem-only pause of %s: the guest did not flush its "
+                        "filesystems (%s); its disk is kept as it is", m.name, e)  # fmt: skip
+
+    @staticmethod
+    def _mark_paused(workdir: Path, man: Manifest, memory: bool) -> None:
+        if memory:  # a resume checks it (check_restorable): ~100 KB, well under 1 ms
+            man.state_sha256 = sha256_file(workdir / "state")
+        write_json_atomic(workdir / PAUSE_MARKER, {"memory": memory})
+        # The manifest last: its presence is what makes the directory a paused sandbox.
+        write_json_atomic(workdir / "manifest.json", man.to_json())
+
+    @staticmethod
+    def _keep_disk_only(workdir: Path) -> None:
+        """Make a paused VM directory filesystem-only: the disk durable, the RAM file and
+        device state gone. The marker goes first: once a reboot has changed the disk, its
+        old memory state must never be restored over it."""
+        fsync_path(workdir / "disk")
+        write_json_atomic(workdir / PAUSE_MARKER, {"memory": False})
+        for f in ("memory", "state"):
+            (workdir / f).unlink(missing_ok=True)
+        fsync_path(workdir)
 
     @staticmethod
     def _forget_paused(workdir: Path) -> None:
         (workdir / "manifest.json").unlink(missing_ok=True)
+        (workdir / PAUSE_MARKER).unlink(missing_ok=True)
         fsync_path(workdir)
+
+    def paused_with_memory(self, name: str) -> bool:
+        """The paused state in the VM's directory holds RAM and device state (a full pause);
+        False after a filesystem-only pause (resume reboots)."""
+        try:
+            data = json.loads((self.cfg.sandboxes_dir / name / PAUSE_MARKER).read_text())
+        except FileNotFoundError:
+            return True  # paused before the marker existed: always a full pause
+        except ValueError:
+            return False  # unreadable: the disk alone is always resumable
+        return isinstance(data, dict) and data.get("memory") is not False
 
     def paused_manifest(self, name: str) -> Manifest:
         try:
@@ -414,8 +579,12 @@ class Runtime:
     def is_running(self, name: str) -> bool:
         return name in self._machines
 
-    async def resume(self, name: str, init: AgentInit) -> SandboxHandle:
+    async def resume(self, name: str, init: AgentInit, *, memory: bool = True
+                     ) -> SandboxHandle:
+        if not memory or not self.paused_with_memory(name):
+            return await self._reboot(name, init)
         m = await self.restore(name, None)
+        fault("resume.before_init")
         try:
             await self.push_init(m, init)
         except BaseException:
@@ -429,13 +598,40 @@ class Runtime:
             raise
         return self.handle(name, m.template_id)
 
+    async def _reboot(self, name: str, init: AgentInit) -> SandboxHandle:
+        """Resume by reboot: cold-boot the paused sandbox's own disk with the kernel, tools
+        drive, command line and shape it ran with, then push init (same id, token, env).
+        Processes are gone, files are kept; a memory state, if any, is discarded first. On
+        failure the sandbox stays paused, filesystem-only: a disk is always rebootable."""
+        man = self.paused_manifest(name)
+        await asyncio.to_thread(self._keep_disk_only, self.cfg.sandboxes_dir / name)
+        slot, workdir = await self._prepare(name, fresh=False)
+        t0 = time.perf_counter()
+        try:
+            m = await self._boot_disk(name, man.template, slot, workdir, man.shape,
+                                      Path(man.kernel), Path(man.tools), man.cmdline,
+                                      keep_dir=True)  # fmt: skip
+            try:
+                await self.push_init(m, init)
+            except BaseException:
+                await self._stop(m)
+                raise
+        except BaseException:
+            # Paused as before: the disk alone (the boot's RAM file goes).
+            await asyncio.to_thread(self._keep_disk_only, workdir)
+            raise
+        await asyncio.to_thread(self._forget_paused, workdir)
+        log.debug("reboot %s: boot+init=%.1fms", name, (time.perf_counter() - t0) * 1e3)
+        return self.handle(name, m.template_id)
+
     async def fork(self, name: str, children: list[tuple[str, AgentInit]]
                    ) -> list[SandboxHandle | BaseException]:
         """Snapshot `name` (it keeps running) and restore one child per entry, each with
         its own identity, token, env and entropy."""
         m = self._machines[name]
         snap_id = f"{FORK_PREFIX}{name}-{secrets.token_hex(4)}"
-        await self.snapshot(name, self._manifest_of(m, snap_id, parent=name))
+        await self.snapshot(name, self._manifest_of(m, snap_id, parent=name), checksums=False)
+        fault("fork.after_snapshot")
         try:
             # At most max_concurrent_boots children restore (and take /init) at once: more
             # only compete for the same CPUs (under TCG a crowd misses the /init deadline).
@@ -443,7 +639,9 @@ class Runtime:
 
             async def child(cid: str, init: AgentInit) -> SandboxHandle:
                 async with gate:
-                    return await self._create_from(cid, snap_id, init)
+                    handle = await self._create_from(cid, snap_id, init)
+                fault("fork.after_child")
+                return handle
 
             results = await asyncio.gather(
                 *(child(cid, init) for cid, init in children),
@@ -496,18 +694,26 @@ class Runtime:
             if m.name not in self._machines:
                 raise BootError(f"{m.name} was destroyed while booting")
             try:
-                r = await m.http.get(url, timeout=1.0)
-                if r.status_code == 204:
+                r = await agent_replies.request(m.http, "GET", url, deadline_s=1.0)
+                if r.status == 204:
                     return
-            except httpx.HTTPError as e:
+            except GuestReplyError as e:
                 last = e
             await asyncio.sleep(0.05)
-        tail = (m.workdir / "console.log").read_text(errors="replace")[-1500:]
+        try:
+            tail = await m.vm.console_tail()
+        except VmmError as e:
+            tail = f"(unreadable: {e})"
         raise BootError(f"agent did not answer within {timeout:.0f}s ({last}); console:\n{tail}")
 
     async def push_init(self, m: Machine, init: AgentInit) -> None:
         """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
-        guest must answer its first request (fixed MACs make any slot look the same)."""
+        guest must answer its first request (fixed MACs make any slot look the same).
+        First the sandbox's egress policy goes onto its slot (every start comes here)."""
+        try:
+            await asyncio.to_thread(set_egress, m.slot, init.egress, self.cfg.slot_network)
+        except (OSError, RulesError) as e:
+            raise BootError(f"applying the egress policy failed: {e}") from e
         body: dict[str, object] = {
             "envVars": init.env_vars,
             "defaultUser": init.default_user,
@@ -521,13 +727,19 @@ class Runtime:
         try:
             # The whole budget for connecting too: a guest restored next to many others
             # (fork x16 under TCG) may take seconds to be scheduled and accept.
-            r = await m.http.post(m.slot.url(AGENT_PORT) + "/init", json=body,
-                                  timeout=AGENT_INIT_TIMEOUT)
-        except httpx.HTTPError as e:
-            raise BootError(f"agent /init failed: {e!r}") from e
-        if r.status_code >= 300:
-            raise BootError(f"agent /init answered {r.status_code}: {r.text[:200]}")
+            r = await agent_replies.request(m.http, "POST", m.slot.url(AGENT_PORT) + "/init",
+                                            json=body, deadline_s=AGENT_INIT_TIMEOUT)
+        except GuestReplyError as e:
+            raise BootError(f"agent /init failed: {e}") from e
+        if r.status >= 300:
+            raise BootError(f"agent /init answered {r.status}: {r.snippet()}")
         m.access_token = init.access_token
+        # From here on a client may hold this VM: a node restart re-adopts it.
+        try:
+            rec = self._adoption_record(m)
+        except ProcessLookupError as e:
+            raise BootError(f"the VMM ended: {e}") from e
+        await asyncio.to_thread(adoption.write, m.workdir, rec)
 
     async def destroy(self, name: str) -> None:
         """End the VM (if any) and delete everything of it, paused state included."""
@@ -541,6 +753,8 @@ class Runtime:
         """End the VMM and give back its slot, keeping its directory (pause)."""
         self._machines.pop(m.name, None)
         await m.http.aclose()
+        with contextlib.suppress(OSError):  # it names a VMM that is about to end
+            await asyncio.to_thread(adoption.remove, m.workdir)
         with contextlib.suppress(Exception):
             await m.vm.kill()
         await self.slots.release_async(m.slot)
@@ -576,6 +790,7 @@ class Runtime:
                            ) -> SandboxHandle:
         try:
             m = await self.restore(sandbox_id, snapshot_id)
+            fault("create.before_init")
             await self.push_init(m, init)
         except VmmError as e:
             await self.destroy(sandbox_id)
@@ -601,12 +816,11 @@ class Runtime:
         if m is None:
             raise RuntimeError_(f"sandbox {handle.sandbox_id} is not running")
         headers = {"X-Access-Token": m.access_token} if m.access_token else {}
-        r = await m.http.get(handle.url() + "/metrics", headers=headers, timeout=2.0)
-        r.raise_for_status()
-        data = r.json()
-        if not isinstance(data, dict) or len(r.content) > 65536:
-            raise RuntimeError_("agent sent malformed metrics")
-        return data
+        r = await agent_replies.request(m.http, "GET", handle.url() + "/metrics",
+                                        headers=headers, deadline_s=AGENT_METRICS_TIMEOUT)
+        if r.status != 200:
+            raise GuestReplyError(f"agent /metrics answered {r.status}: {r.snippet()}")
+        return r.json_object()  # range-checked by the caller (AgentMetrics)
 
     def machines(self) -> dict[str, Machine]:
         return dict(self._machines)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from aenv.config import MachineShape
+from aenv.network.egress import EgressPolicy
 
 AGENT_PORT = 49983
 
@@ -27,12 +28,15 @@ class TemplateInfo:
 
 @dataclass
 class AgentInit:
-    """What the node pushes to the agent's POST /init on create, resume and fork."""
+    """What the node pushes to the agent's POST /init on create, resume and fork, and what
+    else a start sets up for the sandbox around its guest."""
 
     access_token: str | None = None
     env_vars: dict[str, str] = field(default_factory=dict)
     default_user: str = "user"
     default_workdir: str | None = None
+    # Not sent to the agent: applied to the slot before /init (default: no egress at all).
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass
@@ -73,6 +77,13 @@ class CapacityExceeded(RuntimeError_):
     status = 429
 
 
+class GuestUnresponsive(RuntimeError_):
+    """The guest agent did not answer (a pause with `requireHealthyGuest`); nothing changed,
+    the sandbox keeps running. 503: the E2B SDK raises ServiceBusyException (retryable)."""
+
+    status = 503
+
+
 class Runtime(Protocol):
     async def start(self) -> None: ...
 
@@ -101,13 +112,22 @@ class Runtime(Protocol):
 
     # -- pause, resume, snapshots, fork ----------------------------------------------------
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(
+        self, sandbox_id: str, *, memory: bool = True, require_healthy_guest: bool = False
+    ) -> None:
         """Make the running VM's state durable in its own files and end the VMM (no CPU, RAM
-        or slot held). On failure the VM keeps running if it can (`is_running`)."""
+        or slot held). `memory=False`: filesystem-only, the guest flushes its filesystems and
+        only the disk is kept. `require_healthy_guest`: GuestUnresponsive (VM untouched) if
+        the agent does not answer; without it a filesystem-only pause goes on unflushed. On
+        failure the VM keeps running if it can (`is_running`)."""
 
-    async def resume(self, sandbox_id: str, init: AgentInit) -> SandboxHandle:
-        """Restore a paused sandbox from its files and push init. On failure it stays paused
-        (`is_paused`) unless its state was lost."""
+    async def resume(
+        self, sandbox_id: str, init: AgentInit, *, memory: bool = True
+    ) -> SandboxHandle:
+        """Bring a paused sandbox back and push init: restore its memory state, or, with
+        `memory=False` or after a filesystem-only pause, reboot its disk (processes are
+        gone, files kept; the memory state, if any, is discarded). On failure it stays
+        paused (`is_paused`) unless its state was lost."""
 
     def is_paused(self, sandbox_id: str) -> bool:
         """Complete paused state is on disk and no VMM runs (survives a node restart)."""

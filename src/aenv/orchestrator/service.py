@@ -15,14 +15,18 @@ import secrets
 import socket
 import string
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pydantic
 
+from aenv import faults
 from aenv.config import Config, MachineShape
+from aenv.faults import fault
+from aenv.network.egress import EgressPolicy, EgressPolicyError
 from aenv.orchestrator import background, recovery, space
 from aenv.orchestrator import snapshots as snaps
+from aenv.orchestrator.agent_replies import AgentMetrics
 from aenv.orchestrator.errors import (
     CapacityExhausted,
     InvalidRequest,
@@ -73,6 +77,12 @@ def new_access_token() -> str:
     return secrets.token_hex(24)
 
 
+def _agent_init(rec: SandboxRecord) -> AgentInit:
+    """What every start of `rec` (create, resume, fork child) sets up around its guest."""
+    return AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars),
+                     egress=rec.egress)
+
+
 @dataclass
 class CreateRequest:
     """What a create asks for, already validated for types by the API."""
@@ -84,7 +94,10 @@ class CreateRequest:
     secure: bool = True
     auto_pause: bool = False
     auto_resume: bool = False
+    auto_pause_memory: bool = True  # False: the TTL auto-pause is filesystem-only
     allow_internet: bool | None = None
+    allow_out: list[object] = field(default_factory=list)  # E2B network.allowOut
+    deny_out: list[object] = field(default_factory=list)  # E2B network.denyOut
     vcpus: int | None = None
     memory_mib: int | None = None
 
@@ -123,6 +136,7 @@ class Orchestrator:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        faults.arm(self.config.faults)  # crash tests only; empty: every point is a no-op
         self.store.open()
         async with stage("node", "runtime_start"):
             await self.runtime.start()
@@ -130,6 +144,8 @@ class Orchestrator:
         self._tasks = [
             asyncio.create_task(background.ttl_sweeper(self), name="aenv-ttl"),
             asyncio.create_task(background.metrics_sampler(self), name="aenv-metrics"),
+            asyncio.create_task(background.snapshot_checksums(self), name="aenv-checksums"),
+            asyncio.create_task(background.scrubber(self), name="aenv-scrub"),
         ]
         self._accepting = True
         log_event(log, "node.started", sandboxes=len(self.routes))
@@ -256,16 +272,18 @@ class Orchestrator:
             )
         self._admit_space(new_mib, op)
 
-    def _admit_space(self, new_mib: int, op: str) -> None:
-        running = self.store.sum_memory_mib(HOLDS_CAPACITY)
+    def _admit_space(self, new_mib: int, op: str, *, keep_running: bool = True) -> None:
+        """507 unless free space >= RAM of the running sandboxes (`keep_running`) + `new_mib`
+        + the reserve (space.py)."""
+        running = self.store.sum_memory_mib(HOLDS_CAPACITY) if keep_running else 0
+        reserve = self.config.disk_reserve_mib
         free = self.free_bytes()
-        short = space.shortfall(free, running, new_mib, self.config.disk_reserve_mib)
+        short = space.shortfall(free, running, new_mib, reserve)
         if short:
             REJECTED_TOTAL.labels("disk_space").inc()
             raise SpaceExhausted(
                 f"not enough free space on the data filesystem to {op}: {free >> 20} MiB free, "
-                f"{(free + short) >> 20} MiB needed (RAM of running sandboxes {running} MiB + "
-                f"{new_mib} MiB + reserve {self.config.disk_reserve_mib} MiB)"
+                f"{(free + short) >> 20} MiB needed ({space.explain(running, new_mib, reserve)})"
             )
 
     def resolve_template(self, name: str) -> TemplateInfo:
@@ -289,6 +307,14 @@ class Orchestrator:
         self._check_timeout(req.timeout_s)
         if req.auto_resume and not req.auto_pause:
             raise InvalidRequest("autoResume needs autoPause: only a paused sandbox resumes")
+        if req.auto_resume and not req.auto_pause_memory:
+            raise InvalidRequest("autoResume cannot be combined with autoPauseMemory false: a "
+                                 "filesystem-only pause reboots on resume, so it is resumed "
+                                 "only by connect")  # fmt: skip
+        try:
+            egress = EgressPolicy.from_request(req.allow_internet, req.allow_out, req.deny_out)
+        except EgressPolicyError as e:
+            raise InvalidRequest(str(e)) from None
         info = self.resolve_template(req.template)  # TemplateNotFound -> 404
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
@@ -313,7 +339,9 @@ class Orchestrator:
             access_token=token,
             auto_pause=req.auto_pause,
             auto_resume=req.auto_resume,
+            auto_pause_memory=req.auto_pause_memory,
             allow_internet=req.allow_internet,
+            egress=egress,
             updated_at_us=now,
         )
         self.store.insert(rec)
@@ -339,7 +367,7 @@ class Orchestrator:
         self, rec: SandboxRecord, info: TemplateInfo, shape: MachineShape
     ) -> SandboxHandle:
         sid = rec.sandbox_id
-        init = AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars))
+        init = _agent_init(rec)
         # A snapshot (not a template): a DELETE meanwhile keeps its files until it is cloned.
         snap = info.template_id if info.template_id == info.build_id else None
         try:
@@ -363,6 +391,7 @@ class Orchestrator:
         if not ok:  # the node closed under us and dropped the record
             await self._runtime_kill(handle)
             raise ShuttingDown("the node is shutting down")
+        fault("create.after_record")
         self.routes.add(handle, rec.access_token)
         return handle
 
@@ -387,6 +416,7 @@ class Orchestrator:
         handle = route.handle if route else self._handle(rec)
         async with stage("kill", "runtime_kill", sid):
             await self._runtime_kill(handle)
+        fault("kill.before_record")
         self.store.delete(sid, [S.KILLING])
         OPS_TOTAL.labels("kill", reason).inc()
         log_event(log, "sandbox.killed", sandbox_id=sid, reason=reason,
@@ -418,7 +448,7 @@ class Orchestrator:
                 await self._kill_locked(rec, "timeout")
                 return
             try:
-                await self._pause_locked(rec, "timeout")
+                await self._pause_locked(rec, "timeout", memory=rec.auto_pause_memory)
             except Exception as e:
                 now = self.now_us()
                 retry = self.store.update(sandbox_id, [S.RUNNING], now,
@@ -431,34 +461,47 @@ class Orchestrator:
     def _is_paused(self, sandbox_id: str) -> bool:
         return bool(self.runtime.is_paused(sandbox_id))
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(
+        self, sandbox_id: str, memory: bool = True, require_healthy_guest: bool = False
+    ) -> None:
         """Running -> Pausing -> Paused. StateConflict (409) if it is already paused.
-        (E2B's filesystem-only pause is served as a full pause: a superset.)"""
+        `memory=False`: filesystem-only (only the disk is kept; resuming reboots it).
+        `require_healthy_guest`: GuestUnresponsive (503) and still running if the guest's
+        agent does not answer."""
         async with self._locks.hold(sandbox_id):
             rec = self.get(sandbox_id)
             if rec.state is S.PAUSED:
                 raise StateConflict(f"sandbox {sandbox_id} is already paused",
                                     actual=str(rec.state))  # fmt: skip
-            await self._pause_locked(rec, "request")
+            # Refused before the VM stops once the reserve is gone (space.py: a pause needs
+            # only the reserve). The node's own pauses (TTL, shutdown) still try.
+            self._admit_space(0, "pause a sandbox", keep_running=False)
+            await self._pause_locked(rec, "request", memory=memory,
+                                     require_healthy_guest=require_healthy_guest)  # fmt: skip
 
-    async def _pause_locked(self, rec: SandboxRecord, reason: str) -> None:
+    async def _pause_locked(self, rec: SandboxRecord, reason: str, *, memory: bool = True,
+                            require_healthy_guest: bool = False) -> None:
         sid = rec.sandbox_id
-        if not self.store.transition(sid, [S.RUNNING], S.PAUSING, self.now_us()):
+        mode = "full" if memory else "filesystem"
+        if not self.store.transition(sid, [S.RUNNING], S.PAUSING, self.now_us(),
+                                     pause_mode=mode):  # fmt: skip
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
         t0 = time.perf_counter()
         # The data plane answers 502 from here on; open streams end now.
         route = self.routes.remove(sid)
         try:
             async with stage("pause", "runtime_pause", sid):
-                await self.runtime.pause(sid)
+                await self.runtime.pause(sid, memory=memory,
+                                         require_healthy_guest=require_healthy_guest)
         except BaseException:
             OPS_TOTAL.labels("pause", "error").inc()
             await self._after_failed_pause(rec, route)
             raise
+        fault("pause.before_record")
         self.store.transition(sid, [S.PAUSING], S.PAUSED, self.now_us(), slot_addr=None,
                               vmm_pid=None)  # fmt: skip
         OPS_TOTAL.labels("pause", reason).inc()
-        log_event(log, "sandbox.paused", sandbox_id=sid, reason=reason,
+        log_event(log, "sandbox.paused", sandbox_id=sid, reason=reason, mode=mode,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
 
     async def _after_failed_pause(self, rec: SandboxRecord, route: Route | None) -> None:
@@ -489,40 +532,60 @@ class Orchestrator:
         return self.get(sandbox_id)
 
     async def _resume_locked(
-        self, rec: SandboxRecord, timeout_s: int, auto_pause: bool | None = None
+        self, rec: SandboxRecord, timeout_s: int, auto_pause: bool | None = None,
+        memory: bool = True,
     ) -> None:
+        """Restore the memory state, or reboot the disk (`memory=False`, or after a
+        filesystem-only pause): a reboot is a cold boot, admitted as one."""
         sid = rec.sandbox_id
-        self._admit(rec.memory_mib, "resume a sandbox", boot=False)
+        reboot = not memory or rec.pause_mode == "filesystem"
+        self._admit(rec.memory_mib, "resume a sandbox", boot=reboot)
         if not self.store.transition(sid, [S.PAUSED], S.RESUMING, self.now_us()):
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
         t0 = time.perf_counter()
-        init = AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars))
+        init = _agent_init(rec)
         try:
-            async with stage("resume", "runtime_resume", sid):
-                handle = await self.runtime.resume(sid, init)
+            with self._boot_in_flight() if reboot else contextlib.nullcontext():
+                async with stage("resume", "runtime_reboot" if reboot else "runtime_resume",
+                                 sid):  # fmt: skip
+                    handle = await self.runtime.resume(sid, init, memory=memory)
         except BaseException:
             OPS_TOTAL.labels("resume", "error").inc()
             if self._is_paused(sid):
-                self.store.transition(sid, [S.RESUMING], S.PAUSED, self.now_us())
+                # A reboot discards the memory state before it boots: filesystem-only now.
+                self.store.transition(sid, [S.RESUMING], S.PAUSED, self.now_us(),
+                                      **({"pause_mode": "filesystem"} if reboot else {}))
             else:  # its paused state is gone: nothing left to resume
                 self.store.transition(sid, [S.RESUMING], S.KILLING, self.now_us())
                 await self._runtime_kill(self._handle(rec))
                 self.store.delete(sid, [S.KILLING])
                 log_event(log, "sandbox.lost", logging.ERROR, sandbox_id=sid, during="resume")
             raise
+        # endAt counts from now: after the boot, however long it took.
         now = self.now_us()
         extra = {} if auto_pause is None else {"auto_pause": auto_pause}
         ok = self.store.transition(
             sid, [S.RESUMING], S.RUNNING, now, end_at_us=now + timeout_s * 1_000_000,
-            slot_addr=handle.slot_addr, vmm_pid=handle.vmm_pid, **extra,
+            slot_addr=handle.slot_addr, vmm_pid=handle.vmm_pid, pause_mode=None, **extra,
         )  # fmt: skip
         if not ok:
             await self._runtime_kill(handle)
             raise ShuttingDown("the node is shutting down")
         self.routes.add(handle, rec.access_token)
         OPS_TOTAL.labels("resume", "ok").inc()
-        log_event(log, "sandbox.resumed", sandbox_id=sid, slot=handle.slot_addr,
+        log_event(log, "sandbox.resumed", sandbox_id=sid, slot=handle.slot_addr, reboot=reboot,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+
+    @contextlib.contextmanager
+    def _boot_in_flight(self) -> Iterator[None]:
+        """Counts against max_concurrent_boots (and the in-flight gauge) while it lasts."""
+        self._booting += 1
+        BOOTS_IN_FLIGHT.inc()
+        try:
+            yield
+        finally:
+            self._booting -= 1
+            BOOTS_IN_FLIGHT.dec()
 
     async def route_for_paused(self, sandbox_id: str) -> Route | None:
         """autoResume: the data plane found no route; resume the sandbox if it is paused and
@@ -531,6 +594,8 @@ class Orchestrator:
         if rec is None or not rec.auto_resume or rec.state not in (
                 S.PAUSED, S.PAUSING, S.RESUMING) or not self._accepting:
             return None
+        if rec.pause_mode == "filesystem":
+            return None  # a reboot is no transparent wake-up: resumed only by connect
         try:
             await self.connect(sandbox_id, rec.timeout_s)
         except Exception as e:
@@ -655,9 +720,7 @@ class Orchestrator:
             try:
                 results: list[SandboxHandle | BaseException] = []
                 if n:
-                    inits = [(k.sandbox_id, AgentInit(access_token=k.access_token,
-                                                      env_vars=dict(k.env_vars)))
-                             for k in kids]  # fmt: skip
+                    inits = [(k.sandbox_id, _agent_init(k)) for k in kids]
                     async with stage("fork", "runtime_fork", sandbox_id):
                         results = await self.runtime.fork(sandbox_id, inits)
             except BaseException:
@@ -690,7 +753,8 @@ class Orchestrator:
             metadata=dict(src.metadata), env_vars=dict(src.env_vars),
             access_token=new_access_token() if src.access_token is not None else None,
             auto_pause=src.auto_pause, auto_resume=src.auto_resume,
-            allow_internet=src.allow_internet, updated_at_us=now,
+            auto_pause_memory=src.auto_pause_memory,
+            allow_internet=src.allow_internet, egress=src.egress, updated_at_us=now,
         )  # fmt: skip
 
     def _fork_child_started(
@@ -742,14 +806,17 @@ class Orchestrator:
             now = self.now_us()
             self.store.extend_end(sandbox_id, [rec.state], now + d * 1_000_000, now)
 
-    async def connect(self, sandbox_id: str, timeout_s: int) -> tuple[SandboxRecord, bool]:
+    async def connect(
+        self, sandbox_id: str, timeout_s: int, memory: bool = True
+    ) -> tuple[SandboxRecord, bool]:
         """Running: extend-only TTL, (record, False). Paused: resume with endAt = now +
-        timeout, (record, True)."""
+        timeout, (record, True); `memory=False` resumes by reboot (the memory state, if
+        any, is discarded)."""
         self._check_timeout(timeout_s)
         async with self._locks.hold(sandbox_id):
             rec = self.get(sandbox_id)
             if rec.state is S.PAUSED:
-                await self._resume_locked(rec, timeout_s)
+                await self._resume_locked(rec, timeout_s, memory=memory)
                 return self.get(sandbox_id), True
             now = self.now_us()
             self.store.extend_end(sandbox_id, [rec.state], now + timeout_s * 1_000_000, now)
@@ -790,19 +857,11 @@ class Orchestrator:
 
 
 def _metric_from_agent(raw: dict[str, object], now_us: int) -> MetricSample:
-    def num(key: str, default: float = 0) -> float:
-        v = raw.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ValueError(f"agent metric {key!r} is not a number")
-        return v
-
+    """A sample from the guest's (untrusted) numbers: GuestReplyError unless each is in range.
+    The timestamp is the node's own."""
+    m = AgentMetrics.parse(raw)
     return MetricSample(
-        ts_us=now_us,
-        cpu_count=int(num("cpu_count", 1)),
-        cpu_used_pct=float(num("cpu_used_pct")),
-        mem_used=int(num("mem_used")),
-        mem_total=int(num("mem_total")),
-        mem_cache=int(num("mem_cache")),
-        disk_used=int(num("disk_used")),
-        disk_total=int(num("disk_total")),
+        ts_us=now_us, cpu_count=m.cpu_count, cpu_used_pct=m.cpu_used_pct,
+        mem_used=m.mem_used, mem_total=m.mem_total, mem_cache=m.mem_cache,
+        disk_used=m.disk_used, disk_total=m.disk_total,
     )

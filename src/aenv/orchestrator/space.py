@@ -1,9 +1,13 @@
 """Space admission: keep free space on the data filesystem >= RAM of running sandboxes + a reserve.
 
 A running sandbox's RAM file and disk are sparse reflink clones, so the guest dirtying memory
-or writing files needs new blocks; the reserve keeps that possible for every sandbox already
-running. Create, resume, fork and snapshot that would break the rule are refused (507) before
-anything is touched.
+or writing files needs new blocks, and XFS takes them when the page is first written (a
+guest write the filesystem cannot back kills its VMM with SIGBUS). So every running sandbox
+keeps room for all of its RAM. The reserve is for everything else that writes: guests'
+disk writes, device-state files and manifests, the database. Create, resume, fork and
+snapshot that would break the rule are refused (507) before anything is touched. A pause
+needs only the reserve: the RAM it flushes already has its blocks, and afterwards its
+sandbox needs no room at all.
 """
 
 from __future__ import annotations
@@ -34,3 +38,10 @@ def needed_bytes(running_mib: int, new_mib: int, reserve_mib: int) -> int:
 def shortfall(free: int, running_mib: int, new_mib: int, reserve_mib: int) -> int:
     """Bytes missing for the operation (0 when it may go ahead)."""
     return max(0, needed_bytes(running_mib, new_mib, reserve_mib) - free)
+
+
+def explain(running_mib: int, new_mib: int, reserve_mib: int) -> str:
+    """What `needed_bytes` added up, for the 507 message."""
+    parts = [f"RAM of running sandboxes {running_mib} MiB"] if running_mib else []
+    parts += [f"{new_mib} MiB of new RAM"] if new_mib else []
+    return " + ".join([*parts, f"reserve {reserve_mib} MiB"])

@@ -64,18 +64,24 @@ def is_legal(src: SandboxState, dst: SandboxState | str) -> bool:
     return dst in TRANSITIONS[src]
 
 
-# What a node restart does with a record it finds in each state (docs/api.md repeats this).
-# "adopt" = keep it Running if the runtime re-adopted its VM, else remove it.
+# What a node restart does with a record it finds in each state (docs/architecture.md has
+# the full table; docs/api.md repeats it).
+# "adopt" = Running if the runtime re-adopts its VM (it still runs and answers: QMP, agent;
+# a guest a save left stopped continues, as after a failed pause/snapshot), else removed and
+# its VM, if any, killed.
 # "paused" = Paused if the runtime finds complete paused state on disk (`is_paused`), else as
 # "adopt". A pause writes its manifest last and a resume deletes it before the guest runs
-# again, so complete paused state is always consistent.
+# again, so complete paused state is always consistent; a VMM still alive beside it is killed.
+# "remove" = removed, its VM (if any) killed.
 RECOVERY: dict[SandboxState, str] = {
     S.CREATING: "remove",  # the create call died with the node; the client got no id
     S.RUNNING: "adopt",
-    S.PAUSING: "paused",  # Paused if the pause finished on disk before the crash
+    S.PAUSING: "paused",  # Paused if the pause finished on disk, else the VM continues
     S.SNAPSHOTTING: "adopt",  # a half-written snapshot is never visible (staging + rename)
     S.FORKING: "adopt",  # children are Creating (removed); the runtime drops the fork snapshot
     S.KILLING: "remove",  # finish the kill
     S.PAUSED: "paused",  # holds no VM; kept while its files are on disk
-    S.RESUMING: "paused",  # the resume did not finish: Paused while its state is intact
+    # Paused while its state is intact; once the resume deleted it, the VM is adopted only
+    # if it took its /init (the runtime's adoption record is written then), else removed.
+    S.RESUMING: "paused",
 }

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from aenv.network.egress import EgressPolicy
 from aenv.orchestrator.states import GONE, SandboxState, is_legal
 
-# Schema version of the records on disk: a reader refuses a newer major.
+# Schema version of the records on disk: a reader refuses a newer major. Columns added
+# later are in `_ADDED_COLUMNS`, added in place to a database that lacks them (older readers
+# name the columns they read, so the version stays).
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -70,13 +73,21 @@ CREATE TABLE IF NOT EXISTS sandbox_metrics (
 );
 """
 
+# Added after the first release: name -> column definition (with the default old rows get).
+_ADDED_COLUMNS = {
+    "auto_pause_memory": "INTEGER NOT NULL DEFAULT 1",  # 0: the TTL auto-pause is fs-only
+    "pause_mode": "TEXT",  # "full" or "filesystem" from the pause on (None: never paused)
+    "egress": "TEXT",  # EgressPolicy as JSON; NULL: no egress (the default)
+}
 _COLUMNS = (
     "sandbox_id", "template_id", "alias", "state", "metadata", "env_vars", "access_token",
     "started_at_us", "end_at_us", "timeout_s", "vcpus", "memory_mib", "disk_mib", "envd_version",
     "auto_pause", "auto_resume", "allow_internet", "slot_addr", "vmm_pid", "updated_at_us",
+    *_ADDED_COLUMNS,
 )  # fmt: skip
 _MUTABLE = frozenset({
     "end_at_us", "timeout_s", "slot_addr", "vmm_pid", "started_at_us", "auto_pause",
+    "pause_mode",
 })  # fmt: skip
 
 
@@ -108,6 +119,9 @@ class SandboxRecord:
     slot_addr: str | None = None
     vmm_pid: int | None = None
     updated_at_us: int = 0
+    auto_pause_memory: bool = True
+    pause_mode: Literal["full", "filesystem"] | None = None
+    egress: EgressPolicy = field(default_factory=EgressPolicy)  # applied on every start
 
     def _row(self) -> tuple[Any, ...]:
         d = self.__dict__ | {
@@ -116,7 +130,9 @@ class SandboxRecord:
             "env_vars": json.dumps(self.env_vars),
             "auto_pause": int(self.auto_pause),
             "auto_resume": int(self.auto_resume),
+            "auto_pause_memory": int(self.auto_pause_memory),
             "allow_internet": None if self.allow_internet is None else int(self.allow_internet),
+            "egress": None if self.egress.is_closed else json.dumps(self.egress.to_json()),
         }
         return tuple(d[c] for c in _COLUMNS)
 
@@ -128,8 +144,11 @@ class SandboxRecord:
         d["env_vars"] = json.loads(d["env_vars"])
         d["auto_pause"] = bool(d["auto_pause"])
         d["auto_resume"] = bool(d["auto_resume"])
+        d["auto_pause_memory"] = bool(d["auto_pause_memory"])
         if d["allow_internet"] is not None:
             d["allow_internet"] = bool(d["allow_internet"])
+        d["egress"] = (EgressPolicy() if d["egress"] is None
+                       else EgressPolicy.from_json(json.loads(d["egress"])))
         return cls(**d)
 
 
@@ -183,6 +202,10 @@ class Store:
                 f"{SCHEMA_VERSION}"
             )
         db.executescript(_SCHEMA)
+        have = {row[1] for row in db.execute("PRAGMA table_info(sandboxes)")}
+        for name, definition in _ADDED_COLUMNS.items():
+            if name not in have:
+                db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {definition}")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._db = db
 

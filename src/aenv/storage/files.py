@@ -64,14 +64,24 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: object) -> None:
-    """write, fsync, rename, fsync dir: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_json_atomic(path: Path, data: object, mode: int = 0o644) -> None:
+    """write, fsync, rename, fsync dir: a reader sees the old file or the whole new one.
+    The temporary name is unique, so writers in several processes (nodes sharing a data
+    directory) never clobber each other's half-written file. It is created exclusively and
+    never through a symlink (O_EXCL | O_NOFOLLOW): VM directories belong to jail uids, and
+    a planted symlink must not make root write wherever it points."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(8).hex()}.tmp")
+    body = json.dumps(data, indent=2, sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # replaces a planted symlink itself, not its target
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_path(path.parent)
 
 

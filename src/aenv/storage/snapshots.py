@@ -3,23 +3,43 @@ reflink under the snapshot id. Templates are named snapshots.
 
 A snapshot directory becomes visible only by an atomic rename of a complete, fsynced
 staging directory, so a crash never leaves a half-written snapshot listed.
+
+Integrity (docs/runtime.md, "Checksums"): `put` hashes the small `state` file into the
+manifest, and every restore checks it (`check_restorable`). The chunk checksums of all
+files (`checksums.json`) are computed later by a background worker (`compute_checksums`),
+re-checked by the scrubber and on demand (`verify`); a mismatch writes a `corrupt` marker
+and restores refuse the snapshot from then on.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import logging
 import os
 import shutil
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from aenv.config import MachineShape
+from aenv.faults import fault
+from aenv.storage import checksums as checksums_mod
 from aenv.storage.files import clone, fsync_path, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 FILES = ("state", "memory", "disk")
+CHECKSUMS_FILE = "checksums.json"
+CORRUPT_FILE = "corrupt"  # {"reason", "at"}: the snapshot must not be restored
+# A temporary file of an interrupted atomic write older than this is garbage (a live
+# writer holds its temporary file for milliseconds).
+STALE_TMP_S = 3600
 
 
 class SnapshotNotFound(Exception):
@@ -28,6 +48,11 @@ class SnapshotNotFound(Exception):
 
 class SnapshotCorrupt(Exception):
     pass
+
+
+class SnapshotUnusable(SnapshotCorrupt):
+    """The snapshot exists but must not be restored: marked corrupt, or its device state is
+    not the one saved."""
 
 
 @dataclass
@@ -43,6 +68,11 @@ class Manifest:
     env_vars: dict[str, str] = field(default_factory=dict)
     created_at: str = ""
     format_version: int = FORMAT_VERSION
+    # sha256 of `state`, taken when it was written: every restore checks it (~100 KB).
+    state_sha256: str | None = None
+    # The chunk-checksum record beside the files, computed in the background; None where
+    # nothing is checked (a fork's transient snapshot, a paused sandbox's own files).
+    checksums: str | None = None
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
@@ -55,7 +85,50 @@ class Manifest:
             raise SnapshotCorrupt(f"unsupported snapshot format {d.get('format_version')!r}")
         d = dict(d)
         d["shape"] = MachineShape.model_validate(d["shape"])
+        # Written before checksums existed: the background worker computes its record.
+        d.setdefault("checksums", CHECKSUMS_FILE)
+        if d["checksums"] not in (None, CHECKSUMS_FILE):
+            raise SnapshotCorrupt(f"unexpected checksum record name {d['checksums']!r}")
         return cls(**d)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome of re-hashing one snapshot: `ok`, `corrupt` (marked; `detail` says why) or
+    `unverified` (no checksum record yet, or none wanted)."""
+
+    snapshot_id: str
+    status: Literal["ok", "corrupt", "unverified"]
+    detail: str = ""
+
+
+def corrupt_reason(directory: Path) -> str | None:
+    """Why the snapshot in `directory` is marked unusable; None if it is not."""
+    try:
+        data = json.loads((directory / CORRUPT_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return "marked corrupt (unreadable marker)"
+    return str(data.get("reason", "marked corrupt")) if isinstance(data, dict) else "corrupt"
+
+
+def check_restorable(directory: Path, man: Manifest) -> None:
+    """Raise SnapshotUnusable if the snapshot in `directory` (a stored snapshot, or a paused
+    sandbox's own directory) is marked corrupt or its device state is not the one saved.
+    Cheap enough for every restore: one stat and one hash of ~100 KB."""
+    reason = corrupt_reason(directory)
+    if reason is not None:
+        raise SnapshotUnusable(f"{man.snapshot_id} is marked corrupt: {reason}")
+    if man.state_sha256 is not None:
+        try:
+            got = checksums_mod.sha256_file(directory / "state")
+        except FileNotFoundError:
+            raise SnapshotUnusable(f"{man.snapshot_id}: device state file missing") from None
+        if got != man.state_sha256:
+            raise SnapshotUnusable(
+                f"{man.snapshot_id}: device state sha256 {got[:16]}... is not the saved "
+                f"{man.state_sha256[:16]}...")
 
 
 def now_rfc3339() -> str:
@@ -65,6 +138,9 @@ def now_rfc3339() -> str:
 class SnapshotStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        # Snapshots put by this process whose checksum record is still to be computed
+        # (thread-safe appends/pops: put runs in worker threads).
+        self.pending: collections.deque[str] = collections.deque()
 
     def path(self, snapshot_id: str) -> Path:
         if not snapshot_id or "/" in snapshot_id or snapshot_id.startswith("."):
@@ -74,8 +150,11 @@ class SnapshotStore:
     def new_id(self) -> str:
         return "snap-" + uuid.uuid4().hex[:16]
 
-    def put(self, manifest: Manifest, sources: dict[str, Path]) -> Path:
-        """Clone `sources` (state, memory, disk) into a new snapshot; return its dir."""
+    def put(self, manifest: Manifest, sources: dict[str, Path], *, checksums: bool = True
+            ) -> Path:
+        """Clone `sources` (state, memory, disk) into a new snapshot; return its dir.
+        The state file is hashed here (cheap); with `checksums`, the snapshot is queued for
+        its chunk checksums, computed later off this path."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(manifest.snapshot_id)
         stage = self.root / f".tmp-{manifest.snapshot_id}"
@@ -86,24 +165,29 @@ class SnapshotStore:
                 clone(sources[name], dst)
                 fsync_path(dst)
                 dst.chmod(0o444)  # shared artifacts: root-owned, read-only for jails
+            manifest.state_sha256 = checksums_mod.sha256_file(stage / "state")
+            manifest.checksums = CHECKSUMS_FILE if checksums else None
             manifest.created_at = manifest.created_at or now_rfc3339()
             write_json_atomic(stage / "manifest.json", manifest.to_json())
+            fault("snapshot.before_rename")
             os.replace(stage, final)
             fsync_path(self.root)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
+        if checksums:
+            self.pending.append(manifest.snapshot_id)
         return final
 
     def get(self, snapshot_id: str) -> Manifest:
         p = self.path(snapshot_id) / "manifest.json"
         try:
             data = json.loads(p.read_text())
+            m = Manifest.from_json(data)
         except FileNotFoundError:
             raise SnapshotNotFound(snapshot_id) from None
-        except ValueError as e:
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise SnapshotCorrupt(f"{snapshot_id}: bad manifest: {e}") from e
-        m = Manifest.from_json(data)
         for name in FILES:
             if not (self.path(snapshot_id) / name).is_file():
                 raise SnapshotCorrupt(f"{snapshot_id}: missing {name}")
@@ -127,8 +211,123 @@ class SnapshotStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     def gc_staging(self) -> None:
-        """Remove staging/deleted leftovers of an interrupted put or delete."""
+        """Remove staging/deleted leftovers of an interrupted put or delete, and temporary
+        files of interrupted record writes."""
         if self.root.exists():
             for p in self.root.iterdir():
                 if p.name.startswith((".tmp-", ".del-")):
                     shutil.rmtree(p, ignore_errors=True)
+                elif p.is_dir():
+                    for tmp in p.glob(".*.tmp"):
+                        with contextlib.suppress(FileNotFoundError):
+                            if time.time() - tmp.stat().st_mtime > STALE_TMP_S:
+                                tmp.unlink()
+
+    # -- integrity -------------------------------------------------------------------------
+    def corrupt_reason(self, snapshot_id: str) -> str | None:
+        return corrupt_reason(self.path(snapshot_id))
+
+    def mark_corrupt(self, snapshot_id: str, reason: str) -> None:
+        """Make the snapshot unusable (restores refuse it); atomic, so a crash leaves it
+        either marked or not."""
+        try:
+            write_json_atomic(self.path(snapshot_id) / CORRUPT_FILE,
+                              {"reason": reason, "at": now_rfc3339()})
+        except FileNotFoundError:
+            raise SnapshotNotFound(snapshot_id) from None
+        log.error("snapshot %s marked corrupt: %s", snapshot_id, reason)
+
+    def queue_missing(self) -> list[str]:
+        """Queue every snapshot that wants a checksum record and has none (built before
+        checksums existed, or the node stopped while hashing it)."""
+        queued = []
+        for sid in self.list():
+            with contextlib.suppress(SnapshotNotFound, SnapshotCorrupt):
+                if self._wants_checksums(sid, self.get(sid)):
+                    self.pending.append(sid)
+                    queued.append(sid)
+        return queued
+
+    def next_pending(self) -> str | None:
+        try:
+            return self.pending.popleft()
+        except IndexError:
+            return None
+
+    def compute_checksums(self, snapshot_id: str,
+                          pacer: checksums_mod.Pacer | None = None) -> bool:
+        """Hash every file of the snapshot into its checksum record. False if it wants
+        none or already has one. SnapshotNotFound if it was deleted meanwhile. A manifest
+        stored before state hashes existed gets its `state_sha256` now, so restores check
+        it from then on."""
+        man = self.get(snapshot_id)
+        d = self.path(snapshot_id)
+        if not self._wants_checksums(snapshot_id, man):
+            return False
+        assert man.checksums is not None
+        try:
+            backfill = man.state_sha256 is None
+            if backfill:
+                man.state_sha256 = checksums_mod.sha256_file(d / "state")
+            if not (d / man.checksums).exists():
+                files = {name: checksums_mod.file_sums(d / name, pacer=pacer)
+                         for name in FILES}
+                checksums_mod.write_record(d / man.checksums, checksums_mod.ChecksumRecord(
+                    snapshot_id=snapshot_id, created_at=now_rfc3339(), files=files))
+            if backfill:
+                write_json_atomic(d / "manifest.json", man.to_json())
+        except FileNotFoundError:
+            raise SnapshotNotFound(snapshot_id) from None
+        return True
+
+    def _wants_checksums(self, snapshot_id: str, man: Manifest) -> bool:
+        """A checked snapshot lacking its record or (stored before them) its state hash."""
+        return man.checksums is not None and (
+            man.state_sha256 is None or not (self.path(snapshot_id) / man.checksums).exists())
+
+    def verify(self, snapshot_id: str,
+               pacer: checksums_mod.Pacer | None = None) -> Verification:
+        """Re-hash every chunk of the snapshot against its record (the scrubber, and the
+        on-demand check an import or fetch makes). A mismatch, or a record that cannot be
+        read, marks the snapshot corrupt."""
+        man = self.get(snapshot_id)
+        d = self.path(snapshot_id)
+        reason = corrupt_reason(d)
+        if reason is not None:
+            return Verification(snapshot_id, "corrupt", reason)
+        if man.checksums is None:
+            return Verification(snapshot_id, "unverified", "no checksums kept for it")
+        problems: list[str] = []
+        try:
+            if man.state_sha256 not in (None, checksums_mod.sha256_file(d / "state")):
+                problems.append("state: sha256 is not the manifest's")
+            try:
+                rec = checksums_mod.read_record(d / man.checksums)
+            except checksums_mod.ChecksumRecordError as e:
+                problems.append(f"checksum record unreadable: {e}")
+            else:
+                if rec is not None:
+                    problems += _chunk_problems(d, rec, pacer)
+                elif not problems:
+                    return Verification(snapshot_id, "unverified", "no checksum record yet")
+        except FileNotFoundError:
+            raise SnapshotNotFound(snapshot_id) from None
+        if not problems:
+            return Verification(snapshot_id, "ok")
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        reason = "; ".join(problems[:3]) + more
+        self.mark_corrupt(snapshot_id, reason)
+        return Verification(snapshot_id, "corrupt", reason)
+
+
+def _chunk_problems(directory: Path, rec: checksums_mod.ChecksumRecord,
+                    pacer: checksums_mod.Pacer | None) -> list[str]:
+    out = []
+    for name in FILES:
+        sums = rec.files.get(name)
+        if sums is None:
+            out.append(f"{name}: not in the checksum record")
+            continue
+        out += [f"{name}: {p}" for p in checksums_mod.verify_file(
+            directory / name, sums, rec.chunk_size, pacer)]
+    return out

@@ -103,6 +103,11 @@ class Vm(abc.ABC):
     async def wait(self) -> int:
         """Wait for the VMM process to end; returns its exit status."""
 
+    @abc.abstractmethod
+    async def console_tail(self, n: int = 1500) -> str:
+        """The newest output (at most `n` bytes) of the guest's serial console, for errors.
+        Bounded by the driver: a guest flooding its console must not fill the host."""
+
 
 class Driver(abc.ABC):
     name: str

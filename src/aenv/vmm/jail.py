@@ -2,10 +2,14 @@
 
 Under TCG, QEMU is not a security boundary, so aenv confines the QEMU process itself:
 - its own numeric uid/gid from a reserved range (no /etc/passwd entry needed),
-- its own mount, pid, ipc and uts namespaces (a fresh /proc shows only itself),
+- its own mount, pid, ipc and uts namespaces (a fresh /proc shows only itself), the mount
+  namespace rooted in a minimal read-only tmpfs: /usr, the loader cache, a few devices, the
+  shared artifacts it reads (read-only) and its own directory (`aenv.vmm.jailroot`),
+- an environment with nothing but PATH (none of the node's variables, e.g. an API key),
 - an empty network namespace: its only link to the world is the tap fd it inherits,
 - no capabilities (bounding and inheritable sets cleared, no_new_privs),
 - a cgroup with memory, pids and cpu limits,
+- a seccomp filter that turns madvise(MADV_HUGEPAGE) into a no-op (`aenv.vmm.seccomp`: why),
 - and QEMU's own seccomp filter (`-sandbox on`, added by the driver).
 Per-VM files are 0600 and owned by the jail uid; shared artifacts stay root-owned and
 read-only, so a jail cannot open another VM's files.
@@ -15,12 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import os
+import select
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+from aenv.vmm import jailroot, seccomp
 from aenv.vmm.cgroup import Cgroup, Limits
+from aenv.vmm.jailroot import RootSpec
 
 KILL_GRACE = 2.0  # seconds for the launcher to reap a SIGKILLed VMM
 
@@ -32,11 +42,22 @@ class JailSpec:
     limits: Limits
     log_file: Path
     pass_fds: tuple[int, ...] = ()
+    # What the jail's filesystem holds besides the system part.
+    root: RootSpec = dataclasses.field(default_factory=RootSpec)
 
 
-def command(spec: JailSpec, argv: list[str]) -> list[str]:
+# The jail's whole environment: the node's own (which may hold secrets) is not passed on.
+JAIL_ENV = {"PATH": "/usr/sbin:/usr/bin"}
+
+
+def command(spec: JailSpec, argv: list[str], root_fd: int) -> list[str]:
+    """The launcher's argv; root_fd is an inherited fd of the jail's mount namespace
+    (`jailroot.prepare`). nsenter enters it (landing in its minimal root) and execs unshare,
+    so the launcher is one process whose only child is the VMM."""
     # --net: an empty network namespace; the VMM gets its tap as an inherited fd.
+    # --mount-proc: a /proc of the jail's own pid namespace, in a nested copy of its root.
     return [
+        "nsenter", f"--mount=/proc/self/fd/{root_fd}", "--",
         "unshare", "--mount", "--pid", "--ipc", "--uts", "--net", "--fork", "--kill-child",
         "--mount-proc", "--",
         "setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups",
@@ -45,11 +66,123 @@ def command(spec: JailSpec, argv: list[str]) -> list[str]:
     ]
 
 
+class Process(Protocol):
+    """The launcher process as `Jailed` uses it: an asyncio child, or an adopted one."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+UNKNOWN_STATUS = -1  # an adopted launcher is not our child: its exit status is not ours to read
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks since boot, /proc/<pid>/stat field 22): with
+    the pid, an identity that a reused pid does not share. None if there is no such pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def _uids(pid: int) -> set[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return {int(u) for u in line.split()[1:]}
+    return set()
+
+
+class AdoptedProcess:
+    """A launcher an earlier node process started and that outlived it (start_new_session).
+    It is not our child, so it is watched through a pidfd, which stays bound to this very
+    process even if its pid is reused: signals go to it alone, and the fd turns readable
+    when it exits (a zombie waiting for the host's init counts as exited)."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self._fd: int | None = pidfd
+
+    @classmethod
+    def attach(cls, pid: int, started: int) -> AdoptedProcess | None:
+        """The process `pid` if it still runs and is the one that started at `started`
+        (not a zombie, not a reuse of its pid), else None."""
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        proc = cls(pid, fd)
+        # Checked after opening the fd: the fd now pins the process this start time names.
+        if start_time(pid) != started or proc._exited():
+            proc.close()
+            return None
+        return proc
+
+    def _exited(self) -> bool:
+        if self._fd is None:
+            return True
+        p = select.poll()
+        p.register(self._fd, select.POLLIN)
+        if not p.poll(0):
+            return False
+        os.close(self._fd)
+        self._fd = None
+        return True
+
+    @property
+    def returncode(self) -> int | None:
+        return UNKNOWN_STATUS if self._exited() else None
+
+    async def wait(self) -> int:
+        if self._exited():
+            return UNKNOWN_STATUS
+        assert self._fd is not None
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        fd = self._fd
+        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+        try:
+            await done
+        finally:
+            loop.remove_reader(fd)
+        self._exited()  # closes the fd
+        return UNKNOWN_STATUS
+
+    def kill(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._fd, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Let go of the process (not adopted after all); it keeps running."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True)
+class JailIdentity:
+    """Which processes a jail is, as persisted for a later node process to adopt it: pids
+    with their start times (a pid alone may have been reused)."""
+
+    launcher_pid: int
+    launcher_started: int
+    vmm_pid: int
+    vmm_started: int
+
+
 @dataclass
 class Jailed:
     """A running jailed process: `proc` is the launcher (unshare); the VMM is its child."""
 
-    proc: asyncio.subprocess.Process
+    proc: Process
     cgroup: Cgroup
 
     def vmm_pid(self) -> int | None:
@@ -78,22 +211,82 @@ class Jailed:
                 await self.proc.wait()
         await asyncio.to_thread(self.cgroup.remove)
 
+    def identity(self) -> JailIdentity:
+        vmm = self.vmm_pid()
+        launcher_started = start_time(self.proc.pid)
+        vmm_started = start_time(vmm) if vmm is not None else None
+        if vmm is None or launcher_started is None or vmm_started is None:
+            raise ProcessLookupError(f"jail {self.cgroup.name} has no running VMM")
+        return JailIdentity(self.proc.pid, launcher_started, vmm, vmm_started)
+
 
 async def spawn(spec: JailSpec, argv: list[str]) -> Jailed:
+    """Start argv jailed. Paths in argv must be in spec.root (or under /usr): nothing else
+    of the host's filesystem exists in the jail."""
+    seccomp.prepare()  # built here: the forked child must only make the prctl call
     cgroup = Cgroup(spec.name)
     cgroup.create(spec.limits)
-    log_fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
+        root_fd = await asyncio.to_thread(jailroot.prepare, _with_program(spec.root, argv))
+    except BaseException:
+        cgroup.remove()
+        raise
+    log_fd = -1
+    try:
+        log_fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         proc = await asyncio.create_subprocess_exec(
-            *command(spec, argv),
+            *command(spec, argv, root_fd),
             stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-            pass_fds=spec.pass_fds,
-            preexec_fn=cgroup.enter_self,  # the whole jail, launcher included, is limited
+            pass_fds=(*spec.pass_fds, root_fd), env=JAIL_ENV,
+            preexec_fn=functools.partial(_enter, cgroup),
             start_new_session=True,  # a ^C to the node must not reach its VMs
         )
     except BaseException:
         cgroup.remove()
         raise
     finally:
-        os.close(log_fd)
+        os.close(root_fd)  # the launcher holds the namespace from here on
+        if log_fd >= 0:
+            os.close(log_fd)
     return Jailed(proc, cgroup)
+
+
+def _enter(cgroup: Cgroup) -> None:
+    """In the forked launcher, before exec: the whole jail, launcher included, is limited
+    by its cgroup and carries the seccomp filter (see aenv.vmm.seccomp)."""
+    cgroup.enter_self()
+    seccomp.install()
+
+
+def _with_program(root: RootSpec, argv: list[str]) -> RootSpec:
+    """A program given by an absolute path outside /usr (e.g. a test's stand-in for QEMU)
+    is bound read-only too, so it can be executed."""
+    program = Path(argv[0])
+    if not program.is_absolute() or jailroot.SYSTEM in program.parents:
+        return root
+    return dataclasses.replace(root, ro_paths=(*root.ro_paths, program))
+
+
+def adopt(name: str, ident: JailIdentity, uid: int) -> Jailed | None:
+    """Re-attach to the jail `name` an earlier node process spawned, if `ident` still names
+    its live processes: the launcher and the VMM (its only child, running as `uid`) are the
+    processes that started then, and both are in the jail's cgroup. None otherwise; nothing
+    is killed here (reclaiming a jail is by its cgroup)."""
+    cgroup = Cgroup(name)
+    members = cgroup.pids()
+    if not {ident.launcher_pid, ident.vmm_pid} <= members:
+        return None
+    proc = AdoptedProcess.attach(ident.launcher_pid, ident.launcher_started)
+    if proc is None:
+        return None
+    jailed = Jailed(proc, cgroup)
+    try:
+        ok = (jailed.vmm_pid() == ident.vmm_pid
+              and start_time(ident.vmm_pid) == ident.vmm_started
+              and _uids(ident.vmm_pid) == {uid})  # fmt: skip
+    except (FileNotFoundError, ProcessLookupError):
+        ok = False
+    if not ok:
+        proc.close()
+        return None
+    return jailed

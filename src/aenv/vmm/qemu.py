@@ -5,11 +5,14 @@ filesystem and migration runs with `x-ignore-shared`, so save writes device stat
 (~100 KB) and restore maps the (cloned) RAM file: both cost milliseconds.
 Device state moves over a file descriptor passed on the QMP socket (`getfd` + `fd:`), so
 QEMU never needs to open or spawn anything for it (`-sandbox spawn=deny`).
+The guest's serial console goes to a fixed-size ring inside QEMU (`-chardev ringbuf`), not
+to a file: a guest flooding its console costs no host disk and no node CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -27,12 +30,21 @@ from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, open_tap
 from aenv.vmm import jail
 from aenv.vmm.base import Accel, Capabilities, Driver, Vm, VmmError, VmSpec
 from aenv.vmm.cgroup import Limits
+from aenv.vmm.jailroot import RootSpec
 
 log = logging.getLogger(__name__)
 
 SANDBOX_OPTS = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 QMP_TIMEOUT = 10.0
 KVM_PROBE_DEADLINE = 5.0
+# Run states a save (`stop` + migrate to a file) leaves a guest in, and the migration states
+# during which it must not be continued yet (QEMU's RunState and MigrationStatus).
+STOPPED_BY_SAVE = ("paused", "postmigrate")
+MIGRATING = ("setup", "active", "device", "pre-switchover", "cancelling", "wait-unplug")
+# The console ring's size (QEMU wants a power of two): the last 64 KiB of guest console
+# output, kept in QEMU's memory (charged to the jail's cgroup) and read over QMP.
+CONSOLE_RING_BYTES = 64 * 1024
+CONSOLE_CHARDEV = "console"
 
 
 def host_tsc_khz() -> int:
@@ -57,6 +69,10 @@ class QemuVm(Vm):
     @property
     def launcher_pid(self) -> int:
         return self._jailed.proc.pid
+
+    def identity(self) -> jail.JailIdentity:
+        """What a later node process needs to find this VMM again (`QemuDriver.adopt`)."""
+        return self._jailed.identity()
 
     async def _cmd(self, cmd: str, args: dict[str, object] | None = None) -> object:
         try:
@@ -123,6 +139,13 @@ class QemuVm(Vm):
 
     async def wait(self) -> int:
         return await self._jailed.proc.wait()
+
+    async def console_tail(self, n: int = 1500) -> str:
+        """The newest `n` bytes (at most) of the guest's console; reading drains the ring."""
+        data = await self._cmd("ringbuf-read", {
+            "device": CONSOLE_CHARDEV, "size": CONSOLE_RING_BYTES, "format": "base64"})
+        raw = base64.b64decode(data) if isinstance(data, str) else b""
+        return raw[-n:].decode(errors="replace")
 
     def log_tail(self, n: int = 800) -> str:
         try:
@@ -222,7 +245,8 @@ class QemuDriver(Driver):
             f"memory-backend-file,id=ram,size={mem}M,mem-path={spec.memory_file},share=on",
             "-nodefaults", "-no-user-config", "-display", "none",
             "-kernel", str(spec.kernel), "-append", spec.cmdline,
-            "-serial", f"file:{spec.workdir / 'console.log'}",
+            "-chardev", f"ringbuf,id={CONSOLE_CHARDEV},size={CONSOLE_RING_BYTES}",
+            "-serial", f"chardev:{CONSOLE_CHARDEV}",
             "-qmp", f"unix:{spec.workdir / 'qmp.sock'},server=on,wait=off",
             "-object", "rng-random,id=rng0,filename=/dev/urandom",
             "-device", "virtio-rng-device,rng=rng0",
@@ -243,6 +267,16 @@ class QemuDriver(Driver):
             a += ["-incoming", "defer"]
         return a
 
+    def jail_root(self, spec: VmSpec) -> RootSpec:
+        """What QEMU opens by path: kernel and read-only drives (shared artifacts), its own
+        directory (RAM, disk, QMP socket) and, under KVM, /dev/kvm."""
+        rw = (spec.workdir, spec.memory_file, *(d.path for d in spec.drives if not d.read_only))
+        return RootSpec(
+            ro_paths=(spec.kernel, *(d.path for d in spec.drives if d.read_only)),
+            rw_paths=rw,
+            devices=(Path("/dev/kvm"),) if self.accel() is Accel.KVM else (),
+        )
+
     async def spawn(self, spec: VmSpec, *, incoming: bool) -> Vm:
         mem_bytes = (spec.shape.memory_mib + self.memory_overhead_mib) << 20
         # The tap is opened here, as root inside the slot's namespace, and inherited by
@@ -259,6 +293,7 @@ class QemuDriver(Driver):
                           cpus=float(spec.shape.vcpus)),
             log_file=spec.workdir / "qemu.log",
             pass_fds=(tap_fd,) if tap_fd is not None else (),
+            root=self.jail_root(spec),
         )
         qmp_path = spec.workdir / "qmp.sock"
         qmp_path.unlink(missing_ok=True)
@@ -273,6 +308,36 @@ class QemuDriver(Driver):
             await jailed.kill()
             raise
         return QemuVm(spec, jailed, qmp)
+
+    async def adopt(self, spec: VmSpec, jailed: jail.Jailed) -> QemuVm:
+        """Re-attach to a VMM an earlier node process spawned (`jail.adopt` found it): its
+        QMP socket must answer and its guest must run. A guest a save left stopped (the
+        crash came during a pause, snapshot or fork) continues once that migration is over,
+        as after a failed pause; any other run state (incoming, crashed, shut down) is a
+        VmmError. Nothing is killed here."""
+        qmp = await self._connect(jailed, spec.workdir / "qmp.sock", spec)
+        vm = QemuVm(spec, jailed, qmp)
+        try:
+            deadline = time.monotonic() + QMP_TIMEOUT
+            while True:
+                st = await vm._cmd("query-status")
+                status = st.get("status") if isinstance(st, dict) else None
+                if status == "running":
+                    return vm
+                mig = await vm._cmd("query-migrate")
+                migrating = isinstance(mig, dict) and mig.get("status") in MIGRATING
+                if status in STOPPED_BY_SAVE and not migrating:
+                    await vm.resume()
+                    return vm
+                if status not in (*STOPPED_BY_SAVE, "finish-migrate"):
+                    raise VmmError(f"VM {spec.workdir.name} is {status}: not adoptable")
+                if time.monotonic() > deadline:
+                    raise VmmError(f"VM {spec.workdir.name} is still saving its state")
+                await asyncio.sleep(0.01)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await qmp.disconnect()
+            raise
 
     async def _connect(self, jailed: jail.Jailed, path: Path, spec: VmSpec) -> QMPClient:
         deadline = time.monotonic() + QMP_TIMEOUT

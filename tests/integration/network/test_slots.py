@@ -41,6 +41,7 @@ from aenv.network import (
     Slot,
     SlotNaming,
     SlotPool,
+    SlotPoolError,
     create_slot,
     guest_ip_cmdline,
     list_owned,
@@ -479,6 +480,27 @@ def test_reclaim_orphans_and_skip_leftovers(pool: SlotPool) -> None:
     assert set(removed) == {naming.netns(0), naming.host_veth(5)}
     assert list_owned(PREFIX) == [slot.netns]
     assert _our_links() == [slot.host_veth]  # the kept slot is intact
+
+
+def test_adopt_claims_a_leftover_slot_as_it_is(pool: SlotPool) -> None:
+    naming = SlotNaming(PREFIX, NETWORK)
+    # What a node killed with -9 leaves: a slot whose tap a VMM that outlived it holds.
+    left = slot_for(naming, 3, UID_BASE + 3)
+    create_slot(left)
+    fd = open_slot_tap(left)
+    try:
+        slot = pool.adopt(3)
+        assert slot == left and pool.holds(slot) and pool.in_use == 1
+        assert pool.acquire().index != 3
+        for taken_missing_or_out_of_range in (3, 7, 16):
+            with pytest.raises(SlotPoolError):
+                pool.adopt(taken_missing_or_out_of_range)
+        assert reclaim_orphans(PREFIX, keep=pool.owned()) == []  # adopted slots are owned
+        assert naming.netns(3) in list_owned(PREFIX)
+    finally:
+        os.close(fd)  # the VMM ends
+    pool.release(slot)  # reset, then kept for reuse like any released slot
+    assert pool.idle == 1 and not pool.holds(slot)
 
 
 def test_pools_sharing_a_network_do_not_collide(pool: SlotPool) -> None:

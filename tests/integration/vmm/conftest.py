@@ -1,9 +1,16 @@
-"""Real microVMs on this host's data directory (kernel and `base` built by `aenv setup`)."""
+"""Real microVMs on this host's data directory (kernel and `base` built by `aenv setup`).
+
+The runtime runs as a node instance of its own, and the leak census of that instance is
+checked after every test that used it: whatever is left must be a VM the runtime still runs
+(its warm pool, or a sandbox the test keeps) or an idle slot. After the session the instance
+is released (nothing of it may be left).
+"""
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -11,12 +18,16 @@ from aenv import config as config_mod
 from aenv.orchestrator.builder import build_template
 from aenv.orchestrator.runtime import Runtime
 from aenv.storage.templates import TemplateMissing
+from tests.support import census
 
 pytestmark = pytest.mark.vm
 
 
+INSTANCE = os.environ.get("AENV_INSTANCE") or census.new_instance("i")
+
+
 def _cfg() -> config_mod.Config:
-    return config_mod.load()
+    return config_mod.load(instance=INSTANCE)
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +47,22 @@ async def runtime(cfg):
         pytest.fail(f"template {cfg.default_template!r} missing: run `aenv setup` first")
     yield rt
     await rt.close()
+    leaks = census.problems(cfg.instance, allow={"instdir"})
+    if not os.environ.get("AENV_INSTANCE"):
+        census.release(cfg.instance)
+    assert not leaks, "left after the runtime closed:\n" + "\n".join(leaks)
+
+
+@pytest.fixture(autouse=True)
+def _census_after_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "runtime" not in request.fixturenames:
+        return
+    rt = request.getfixturevalue("runtime")
+    # A VM the runtime runs is explained as a running sandbox's; the instance is live.
+    running = {rt.cfg.instance: dict.fromkeys(rt.machines(), "running")}
+    leaks = census.problems(rt.cfg.instance, records=running, live={rt.cfg.instance})
+    assert not leaks, "left by this test:\n" + "\n".join(leaks)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,17 @@ def _status(pid: int) -> dict[str, str]:
     return out
 
 
+def _largest_mapping_flags(pid: int) -> list[str]:
+    """VmFlags of the process's largest mapping (a VMM's: guest RAM)."""
+    best, size, flags = -1, 0, []
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if line.startswith("Size:"):
+            size = int(line.split()[1])
+        elif line.startswith("VmFlags:") and size > best:
+            best, flags = size, line.split()[1:]
+    return flags
+
+
 def _assert_released(runtime, name: str, slot, vmm_pid: int) -> None:
     assert name not in runtime.machines()
     assert not Path(f"/proc/{vmm_pid}").exists(), "QEMU still running"
@@ -73,6 +84,9 @@ async def test_each_qemu_is_jailed(runtime, sandbox_id):
         for f in ("memory", "disk"):
             p = runtime.cfg.sandboxes_dir / sandbox_id / f
             assert p.stat().st_uid == uid and (p.stat().st_mode & 0o777) == 0o600
+        # the jail's seccomp filter kept QEMU's MADV_HUGEPAGE off guest RAM (aenv.vmm.seccomp)
+        ram = _largest_mapping_flags(h.vmm_pid)
+        assert "sh" in ram and "hg" not in ram, ram
         # a jail cannot open another VM's files
         other = runtime.cfg.sandboxes_dir / (sandbox_id + "b") / "disk"
         r = subprocess.run(

@@ -23,7 +23,7 @@ async def test_pause_resume_codes_and_states(client: httpx.AsyncClient) -> None:
     r = await client.post(f"/sandboxes/{sid}/pause", json={})
     assert r.status_code == 204 and r.content == b""
     assert_error(await client.post(f"/sandboxes/{sid}/pause"), 409, "already paused")
-    # filesystem-only is accepted (served as a full pause)
+    # an empty body is a full pause (filesystem-only: test_fs_pause_api.py)
     info = (await client.get(f"/sandboxes/{sid}")).json()
     assert info["state"] == "paused" and info["pauseMode"] == "full"
     listed = (await client.get("/v2/sandboxes", params={"state": "paused"})).json()

@@ -4,20 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from aenv.api.app import Node
 from aenv.api.proxy import file_signature
 from aenv.orchestrator.fake import FakeRuntime
 
 from .conftest import KEY, make_config, serve
+
+# For tests of streams and WebSockets: a proxy that forgets to end one would hang the client.
+WS_TEST_TIMEOUT_S = 60
+
+
+def bounded(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """Fail the test (instead of hanging the session) past WS_TEST_TIMEOUT_S."""
+
+    @functools.wraps(test)
+    async def run(*args: Any, **kwargs: Any) -> None:
+        async with asyncio.timeout(WS_TEST_TIMEOUT_S):
+            await test(*args, **kwargs)
+
+    return run
 
 
 class Upstream:
@@ -26,8 +43,12 @@ class Upstream:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.disconnects = 0
+        self.ws_closes: list[int] = []  # close codes of WebSocket clients (the proxy)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await self.websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             return
         path = scope["path"]
@@ -54,6 +75,18 @@ class Upstream:
                 await send({"type": "http.response.body", "more_body": True,
                             "body": b"y" * min(65536, size - off)})
             await send({"type": "http.response.body", "body": b""})
+        elif path == "/duplex":
+            # Answers at once, then echoes each request chunk as it arrives.
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/octet-stream")]})
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return
+                await send({"type": "http.response.body", "body": msg.get("body", b""),
+                            "more_body": msg.get("more_body", False)})
+                if not msg.get("more_body"):
+                    return
         elif path == "/stream":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/connect+json")]})
@@ -80,6 +113,59 @@ class Upstream:
                         "headers": [(b"content-type", b"application/json"),
                                     (b"x-upstream", b"yes"), (b"connection", b"keep-alive")]})
             await send({"type": "http.response.body", "body": data})
+
+
+    async def websocket(self, scope: dict, receive: Any, send: Any) -> None:
+        """/ws/echo echoes (a text "close:<code>:<reason>" closes), /ws/stream sends a message
+        every 20 ms, /ws/refuse and /ws/redirect answer the handshake with HTTP, /ws/crash
+        drops the connection without a close frame."""
+        path = scope["path"]
+        self.seen.append({
+            "path": path, "raw_path": scope["raw_path"].decode(),
+            "query": scope["query_string"].decode(), "subprotocols": scope["subprotocols"],
+            "headers": {k.decode(): v.decode() for k, v in scope["headers"]},
+        })  # fmt: skip
+        assert (await receive())["type"] == "websocket.connect"
+        if path in ("/ws/refuse", "/ws/redirect"):
+            status, extra = (403, []) if path == "/ws/refuse" else (302, [(b"location", b"/x")])
+            await send({"type": "websocket.http.response.start", "status": status,
+                        "headers": [(b"content-type", b"text/plain"), *extra]})
+            await send({"type": "websocket.http.response.body", "body": b"no"})
+            return
+        offered = scope["subprotocols"]
+        await send({"type": "websocket.accept", "subprotocol": offered[-1] if offered else None,
+                    "headers": [(b"x-upstream", b"yes")]})  # fmt: skip
+        if path == "/ws/crash":
+            raise RuntimeError("upstream crashed on purpose")
+        if path == "/ws/stream":
+            async def tick() -> None:
+                for i in range(10_000):
+                    await send({"type": "websocket.send", "text": f"tick{i}"})
+                    await asyncio.sleep(0.02)
+
+            ticker = asyncio.create_task(tick())
+            try:
+                msg = await receive()
+                while msg["type"] != "websocket.disconnect":
+                    msg = await receive()
+                self.ws_closes.append(msg.get("code", 1000))
+            finally:
+                ticker.cancel()
+            return
+        while True:
+            msg = await receive()
+            if msg["type"] == "websocket.disconnect":
+                self.ws_closes.append(msg.get("code", 1000))
+                return
+            text = msg.get("text")
+            if text is not None and text.startswith("close:"):
+                _, code, reason = text.split(":", 2)
+                await send({"type": "websocket.close", "code": int(code), "reason": reason})
+                return
+            if text is not None:
+                await send({"type": "websocket.send", "text": text})
+            else:
+                await send({"type": "websocket.send", "bytes": msg["bytes"]})
 
 
 @pytest.fixture
@@ -312,7 +398,169 @@ async def test_client_going_away_releases_the_upstream(
     assert not node.orchestrator.routes.get(sb["sandboxID"]).streams
 
 
-async def test_websocket_is_refused_for_now(origin: tuple[Node, str]) -> None:
+@bounded
+async def test_full_duplex_response_streams_while_the_request_body_goes_up(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int]
+) -> None:
+    """A raw HTTP/1.1 client: each request chunk must come back before the next is sent."""
+    _, base = origin
+    _, port = upstream
+    sb = await new_sandbox(base)
+    host, origin_port = base.removeprefix("http://").split(":")
+    r, w = await asyncio.open_connection(host, int(origin_port))
+    try:
+        async with asyncio.timeout(10):
+            w.write(b"POST /duplex HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                    b"E2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: %d\r\nX-Access-Token: %s\r\n\r\n"
+                    % (sb["sandboxID"].encode(), port, sb["envdAccessToken"].encode()))
+            got = b""
+
+            async def until(data: bytes) -> None:
+                nonlocal got
+                while data not in got:
+                    chunk = await r.read(100)
+                    assert chunk, got
+                    got += chunk
+
+            await until(b"\r\n\r\n")
+            assert got.startswith(b"HTTP/1.1 200") and b"chunked" in got.lower()
+            for word in (b"first", b"second", b"third"):
+                w.write(b"%x\r\n%s\r\n" % (len(word), word))
+                await w.drain()
+                await until(word)  # echoed while the request body is still open
+            w.write(b"0\r\n\r\n")
+            await w.drain()
+            await until(b"\r\n0\r\n\r\n")
+    finally:
+        w.close()
+
+
+def ws(base: str, path: str, headers: dict[str, str] | None = None, **kw: Any) -> connect:
+    """A WebSocket client connection to the node's origin (no proxy from the environment)."""
+    return connect(base.replace("http://", "ws://") + path, additional_headers=headers,
+                   proxy=None, open_timeout=10, **kw)  # fmt: skip
+
+
+@bounded
+async def test_websocket_echoes_text_and_binary_with_its_handshake_forwarded(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int]
+) -> None:
+    _, base = origin
+    app, port = upstream
+    sb = await new_sandbox(base)
+    headers = {**dp(sb, port), "X-Custom": "1", "Cookie": "a=b"}
+    async with ws(base, "/ws/echo?x=1", headers, subprotocols=["chat.v1", "chat.v2"]) as c:
+        assert c.subprotocol == "chat.v2"  # the upstream's choice
+        assert c.response.headers["x-upstream"] == "yes"
+        await c.send("héllo")
+        assert await c.recv() == "héllo"
+        await c.send(b"\x00\x01binary")
+        got = await c.recv()
+        assert isinstance(got, bytes) and got == b"\x00\x01binary"
+        sent_key = c.request.headers["Sec-WebSocket-Key"]
+    seen = app.seen[-1]
+    assert seen["raw_path"] == "/ws/echo" and seen["query"] == "x=1"
+    assert seen["subprotocols"] == ["chat.v1", "chat.v2"]
+    hdrs = seen["headers"]
+    assert hdrs["x-custom"] == "1" and hdrs["cookie"] == "a=b"
+    assert hdrs["x-access-token"] == sb["envdAccessToken"]
+    assert "e2b-sandbox-id" not in hdrs and hdrs["host"] == f"127.0.0.1:{port}"
+    assert hdrs["sec-websocket-key"] != sent_key  # each hop has its own handshake
+    # prefix and host routing
+    tok = {"X-Access-Token": sb["envdAccessToken"]}
+    async with ws(base, f"/proxy/{sb['sandboxID']}/{port}/ws/echo", tok) as c:
+        await c.send("via prefix")
+        assert await c.recv() == "via prefix"
+    assert app.seen[-1]["path"] == "/ws/echo"
+    # the URI (and so the Host header) names the sandbox; the TCP connection goes to the node
+    origin_port = int(base.rsplit(":", 1)[1])
+    async with connect(f"ws://{port}-{sb['sandboxID']}.sbx.test:{origin_port}/ws/echo",
+                       host="127.0.0.1", port=origin_port, additional_headers=tok,
+                       proxy=None) as c:  # fmt: skip
+        await c.send("via host")
+        assert await c.recv() == "via host"
+
+
+@bounded
+async def test_websocket_large_messages_pass_both_ways(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int]
+) -> None:
+    _, base = origin
+    _, port = upstream
+    sb = await new_sandbox(base)
+    big = bytes(range(256)) * (8 << 12)  # 8 MiB
+    async with ws(base, "/ws/echo", dp(sb, port), max_size=None) as c:
+        await c.send(big)
+        assert await c.recv() == big
+        text = "é" * (1 << 20)
+        await c.send(text)
+        assert await c.recv() == text
+        # beyond the limit (16 MiB) the proxy refuses the message: 1009
+        await c.send(b"x" * (17 << 20))
+        with pytest.raises(ConnectionClosed) as e:
+            await c.recv()
+        assert e.value.rcvd is not None and e.value.rcvd.code == 1009
+
+
+@bounded
+async def test_websocket_close_codes_pass_both_ways(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int]
+) -> None:
+    node, base = origin
+    app, port = upstream
+    sb = await new_sandbox(base)
+    streams = node.orchestrator.routes.get(sb["sandboxID"]).streams
+    # the sandbox closes: its code and reason reach the client
+    async with ws(base, "/ws/echo", dp(sb, port)) as c:
+        await c.send("close:4001:bye now")
+        with pytest.raises(ConnectionClosed) as e:
+            await c.recv()
+        assert e.value.rcvd is not None
+        assert (e.value.rcvd.code, e.value.rcvd.reason) == (4001, "bye now")
+    # the client closes mid-stream: its code reaches the sandbox
+    async with ws(base, "/ws/stream", dp(sb, port)) as c:
+        assert (await c.recv()).startswith("tick")
+        assert len(streams) == 1
+        await c.close(4002, "done")
+    await _until(lambda: app.ws_closes == [4002] and not streams)
+    # the sandbox's side drops without a close frame: 1014 (bad gateway)
+    async with ws(base, "/ws/crash", dp(sb, port)) as c:
+        with pytest.raises(ConnectionClosed) as e:
+            await c.recv()
+        assert e.value.rcvd is not None and e.value.rcvd.code == 1014
+    await _until(lambda: not streams)
+
+
+@bounded
+async def test_websocket_handshake_denials_are_http_responses(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int]
+) -> None:
+    _, base = origin
+    _, port = upstream
+    sb = await new_sandbox(base)
+
+    async def refused(path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        with pytest.raises(InvalidStatus) as e:
+            async with ws(base, path, headers):
+                pass
+        return e.value.response.status_code, e.value.response.body
+
+    status, body = await refused("/", {"E2b-Sandbox-Id": "nope"})
+    assert status == 502
+    assert json.loads(body) == {"code": 502, "message": "The sandbox nope was not found"}
+    status, body = await refused("/", dp(sb, port, token=False))  # the agent port's token
+    assert status == 401 and b"access token" in body
+    status, body = await refused("/", dp(sb, 1))  # nothing listens on port 1
+    assert status == 502 and b"port is not open" in body
+    # the sandbox's own refusal is relayed; its redirect too, never followed
+    assert await refused("/ws/refuse", dp(sb, port)) == (403, b"no")
+    assert (await refused("/ws/redirect", dp(sb, port)))[0] == 302
+
+
+@bounded
+async def test_websocket_denial_without_http_response_extension_is_a_close(
+    origin: tuple[Node, str],
+) -> None:
     node, _ = origin
     sent: list[dict] = []
     msgs = [{"type": "websocket.connect"}]
@@ -324,6 +572,42 @@ async def test_websocket_is_refused_for_now(origin: tuple[Node, str]) -> None:
         sent.append(m)
 
     scope = {"type": "websocket", "path": "/", "raw_path": b"/", "query_string": b"",
-             "headers": [(b"e2b-sandbox-id", b"x")]}  # fmt: skip
+             "headers": [(b"e2b-sandbox-id", b"x")], "subprotocols": []}  # fmt: skip
     await node(scope, receive, send)
-    assert sent[0]["type"] == "websocket.close"
+    assert sent == [{"type": "websocket.close", "code": 1011,
+                     "reason": "The sandbox x was not found"}]  # fmt: skip
+
+
+@bounded
+@pytest.mark.parametrize("how", ["kill", "pause"])
+async def test_killing_or_pausing_a_sandbox_closes_its_websockets(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int], how: str
+) -> None:
+    node, base = origin
+    app, port = upstream
+    sb = await new_sandbox(base)
+    sid = sb["sandboxID"]
+    async with ws(base, "/ws/stream", dp(sb, port)) as c:
+        assert (await c.recv()).startswith("tick")
+        async with httpx.AsyncClient(base_url=base, headers={"X-API-Key": KEY}) as api:
+            t0 = time.monotonic()
+            if how == "kill":
+                assert (await api.delete(f"/sandboxes/{sid}")).status_code == 204
+            else:
+                assert (await api.post(f"/sandboxes/{sid}/pause")).status_code == 204
+            with pytest.raises(ConnectionClosed) as e:
+                while True:
+                    await c.recv()
+            assert time.monotonic() - t0 < 5
+        assert e.value.rcvd is not None and e.value.rcvd.code == 1001
+    await _until(lambda: len(app.ws_closes) == 1)  # the sandbox's side was closed too
+    if how == "pause":
+        async with httpx.AsyncClient(base_url=base, headers={"X-API-Key": KEY}) as api:
+            await api.delete(f"/sandboxes/{sid}")
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)

@@ -212,3 +212,114 @@ async def test_errors() -> None:
         with pytest.raises(UpstreamError):
             await pool.request("GET", "127.0.0.1", port, b"/", [])
     await pool.aclose()
+
+
+def _chunked_echo() -> Handler:
+    """Answers at once, then echoes each request chunk as a response chunk as it arrives."""
+
+    async def h(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await r.readuntil(b"\r\n\r\n")
+            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await w.drain()
+            while True:
+                size = int((await r.readline()).strip(), 16)
+                data = await r.readexactly(size + 2)
+                w.write(b"%x\r\n%s" % (size, data))
+                if size == 0:
+                    w.write(b"\r\n")
+                await w.drain()
+                if size == 0:
+                    break
+
+    return h
+
+
+async def test_request_body_and_response_stream_at_the_same_time() -> None:
+    srv, port, _ = await _server(_chunked_echo())
+    pool = UpstreamPool()
+    echoed = asyncio.Queue[bytes]()
+
+    async def body() -> AsyncIterator[bytes]:
+        for word in (b"one", b"two", b"three"):
+            yield word
+            # The next chunk goes up only after this one came back down: a client that
+            # sent its whole body before reading the response would wait here forever.
+            assert await echoed.get() == word
+
+    async with srv, asyncio.timeout(10):
+        resp = await pool.request("POST", "127.0.0.1", port, b"/", [], body())
+        assert resp.status == 200
+        got = b""
+        async for chunk in resp.body():
+            got += chunk
+            await echoed.put(chunk)
+        await resp.aclose()
+        assert got == b"onetwothree"
+        assert pool.idle_count() == 1  # both directions ended cleanly: reusable
+        await pool.aclose()
+
+
+async def test_a_failing_request_body_ends_the_response_with_its_error() -> None:
+    srv, port, _ = await _server(_chunked_echo())
+    pool = UpstreamPool()
+    go_on = asyncio.Event()
+
+    class ClientGone(Exception):
+        pass
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"first"
+        await go_on.wait()
+        raise ClientGone
+
+    async with srv, asyncio.timeout(10):
+        resp = await pool.request("POST", "127.0.0.1", port, b"/", [], body())
+        it = resp.body()
+        assert await anext(it) == b"first"
+        go_on.set()
+        with pytest.raises(ClientGone):
+            await anext(it)
+        await resp.aclose()
+        assert pool.idle_count() == 0
+        # before the response head: request() raises it
+        go_on.set()
+
+        async def early() -> AsyncIterator[bytes]:
+            raise ClientGone
+            yield b""
+
+        srv2, port2, _ = await _server(lambda r, w: r.readuntil(b"never"))
+        async with srv2:
+            with pytest.raises(ClientGone):
+                await pool.request("POST", "127.0.0.1", port2, b"/", [], early())
+        await pool.aclose()
+
+
+async def test_a_response_that_ends_before_the_request_body_drops_the_connection() -> None:
+    async def h(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 413 Too Large\r\nContent-Length: 3\r\n\r\nbig")
+        await w.drain()
+        await r.read()  # keeps reading: the connection stays up
+
+    srv, port, _ = await _server(h)
+    pool = UpstreamPool()
+    sent = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal sent
+        while True:
+            sent += 1
+            yield b"x" * 65536
+            await asyncio.sleep(0.01)
+
+    async with srv, asyncio.timeout(10):
+        resp = await pool.request("POST", "127.0.0.1", port, b"/", [], body())
+        assert resp.status == 413
+        assert await _read(resp) == b"big"
+        n = sent
+        await asyncio.sleep(0.1)
+        assert sent <= n + 1  # the rest of the body is no longer sent
+        assert pool.idle_count() == 0  # half a request went up: not reusable
+        await pool.aclose()

@@ -104,7 +104,7 @@ async def test_failed_pause_keeps_it_running_or_removes_a_lost_vm(
     class Losing(RuntimeError_):
         pass
 
-    async def lose(sandbox_id: str) -> None:
+    async def lose(sandbox_id: str, **_: object) -> None:
         runtime.live.pop(sandbox_id)
         raise Losing("VM died")
 

@@ -1,0 +1,296 @@
+"""Stateful model test: hypothesis drives a real node through create / exec / pause / resume /
+fork / snapshot / kill, kill -9 of a sandbox's QEMU and kill -9 + restart of the node, and
+checks after every step that the node's records match the model and the host (leak census:
+no leak; the only ghosts are sandboxes whose QEMU the test killed) and, whenever a sandbox is
+resumed (and for every paused one at the end), that its memory is intact.
+
+CI runs a short version with a fixed seed; `AENV_MODEL_LONG=1` runs a long one (more
+examples and steps, a random seed: each long run explores new sequences; AENV_MODEL_EXAMPLES
+and AENV_MODEL_STEPS override the sizes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from aenv.orchestrator import census as census_mod
+from tests.support import census
+
+from .conftest import API_KEY, NodeProcess, free_port, require_base_template
+
+LONG = os.environ.get("AENV_MODEL_LONG") == "1"
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(7200 if LONG else 300)]
+
+# The short run's seed: with it, 4 examples of up to 10 steps exercise every rule (checked
+# when it was chosen; the test prints what ran).
+SHORT_SEED = 1
+SETTINGS = settings(
+    max_examples=int(os.environ.get("AENV_MODEL_EXAMPLES", 10 if LONG else 4)),
+    stateful_step_count=int(os.environ.get("AENV_MODEL_STEPS", 40 if LONG else 10)),
+    deadline=None, database=None, print_blob=True,
+    # Shrinking replays steps against a real node (seconds each): report the run as found.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)  # fmt: skip
+MAX_SANDBOXES = 4  # in the model at once: a 2-core TCG host
+MARKER = "/dev/shm/aenv-marker"  # tmpfs: guest RAM; only a memory resume keeps it
+TTL_S = 1800
+
+
+@dataclass
+class Env:
+    """The node (its successive processes: one instance, one port) and what was done."""
+
+    log_dir: Path
+    instance: str = field(default_factory=census.new_instance)
+    port: int = field(default_factory=free_port)
+    node: NodeProcess | None = None
+    starts: int = 0
+    steps: Counter[str] = field(default_factory=Counter)  # rule -> times run
+
+    def start(self) -> None:
+        self.starts += 1
+        self.node = NodeProcess(self.port, self.log_dir / f"node-{self.starts:03d}.log",
+                                extra_env={"AENV_INSTANCE": self.instance,
+                                           "AENV_WARM_POOL_SIZE": "1"})  # fmt: skip
+        self.node.start()
+
+    def restart(self) -> None:
+        assert self.node is not None
+        self.node.kill9()
+        self.start()
+
+    def listed(self) -> dict[str, str]:
+        assert self.node is not None
+        with self.node.api() as c:
+            return {s["sandboxID"]: s["state"] for s in c.get("/v2/sandboxes").json()}
+
+    def census(self) -> census_mod.Census:
+        return census_mod.census(census.cfg_for(self.instance), self.instance)
+
+
+@dataclass
+class Box:
+    sbx: Sandbox
+    state: str  # running | paused | dead (its QEMU was killed: the record still says running)
+    marker: str  # what MARKER holds in its RAM
+    pid: int  # a background process in it
+
+
+def _marked(s: Sandbox) -> Box:
+    s.files.write(MARKER, s.sandbox_id)
+    return Box(s, "running", s.sandbox_id, s.commands.run("sleep 100000", background=True,
+                                                          timeout=0).pid)  # fmt: skip
+
+
+def _assert_intact(b: Box) -> None:
+    r = b.sbx.commands.run(f"cat {MARKER}; echo; test -d /proc/{b.pid} && echo alive")
+    assert r.stdout == f"{b.marker}\nalive\n", r.stdout
+
+
+class NodeModel(RuleBasedStateMachine):
+    env: Env  # set by the test
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boxes: dict[str, Box] = {}
+        self.snaps: dict[str, tuple[str, int]] = {}  # snapshot id -> (marker, pid)
+        self.restarted = False  # the last step was a restart
+        e = self.env
+        if e.node is None or e.node.proc is None or e.node.proc.poll() is not None:
+            e.start()
+        for sid in e.listed():  # what a failed example left
+            Sandbox.kill(sid)
+
+    def _step(self, rule: str) -> None:
+        self.env.steps[rule] += 1
+        self.restarted = rule == "restart_node"
+
+    def _ids(self, *states: str) -> list[str]:
+        return sorted(s for s, b in self.boxes.items() if b.state in states)
+
+    def _pick(self, data: st.DataObject, *states: str) -> tuple[str, Box]:
+        sid = data.draw(st.sampled_from(self._ids(*states)), label="sandbox")
+        return sid, self.boxes[sid]
+
+    def _room(self) -> bool:
+        return len(self.boxes) < MAX_SANDBOXES
+
+    @initialize()
+    def two_sandboxes(self) -> None:
+        """Start with something to operate on: every rule is enabled from the first step."""
+        for _ in range(2):
+            self.create()
+
+    @precondition(lambda self: self._room())
+    @rule()
+    def create(self) -> None:
+        self._step("create")
+        b = _marked(Sandbox.create(timeout=TTL_S))
+        self.boxes[b.sbx.sandbox_id] = b
+
+    @precondition(lambda self: self._ids("running"))
+    @rule(data=st.data())
+    def exec_(self, data: st.DataObject) -> None:
+        self._step("exec_")
+        _, b = self._pick(data, "running")
+        _assert_intact(b)
+
+    @precondition(lambda self: self._ids("running"))
+    @rule(data=st.data())
+    def pause(self, data: st.DataObject) -> None:
+        self._step("pause")
+        _, b = self._pick(data, "running")
+        assert b.sbx.pause() is True
+        b.state = "paused"
+
+    @precondition(lambda self: self._ids("paused"))
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        self._step("resume")
+        sid, b = self._pick(data, "paused")
+        b.sbx = Sandbox.connect(sid, timeout=TTL_S)
+        b.state = "running"
+        _assert_intact(b)
+
+    @precondition(lambda self: self._ids("running") and self._room())
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        self._step("fork")
+        _, b = self._pick(data, "running")
+        out = b.sbx.fork(count=1, timeout=TTL_S)
+        kid = out[0]
+        assert isinstance(kid, Sandbox), out
+        k = Box(kid, "running", b.marker, b.pid)  # its parent's memory, then its own
+        self.boxes[kid.sandbox_id] = k
+        _assert_intact(k)
+
+    @precondition(lambda self: self._ids("running") and len(self.snaps) < 2)
+    @rule(data=st.data())
+    def snapshot(self, data: st.DataObject) -> None:
+        self._step("snapshot")
+        _, b = self._pick(data, "running")
+        info = b.sbx.create_snapshot()
+        self.snaps[info.snapshot_id] = (b.marker, b.pid)
+
+    @precondition(lambda self: self.snaps and self._room())
+    @rule(data=st.data())
+    def create_from_snapshot(self, data: st.DataObject) -> None:
+        self._step("create_from_snapshot")
+        snap = data.draw(st.sampled_from(sorted(self.snaps)), label="snapshot")
+        marker, pid = self.snaps[snap]
+        s = Sandbox.create(template=snap, timeout=TTL_S)
+        self.boxes[s.sandbox_id] = b = Box(s, "running", marker, pid)
+        _assert_intact(b)
+
+    @precondition(lambda self: self.boxes)
+    @rule(data=st.data())
+    def kill(self, data: st.DataObject) -> None:
+        self._step("kill")
+        sid, _ = self._pick(data, "running", "paused", "dead")
+        assert Sandbox.kill(sid) is True
+        del self.boxes[sid]
+
+    @precondition(lambda self: self._ids("running"))
+    @rule(data=st.data())
+    def kill9_qemu(self, data: st.DataObject) -> None:
+        self._step("kill9_qemu")
+        sid, b = self._pick(data, "running")
+        pids = self.env.census().vmm_pids(self.env.instance, sid)
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pids[0] in self.env.census().vmm_pids(self.env.instance, sid):
+            assert time.monotonic() < deadline, "the QEMU survived SIGKILL"
+            time.sleep(0.05)
+        b.state = "dead"
+
+    # A restart of an empty node, or right after one, tests little.
+    @precondition(lambda self: self.boxes and not self.restarted)
+    @rule()
+    def restart_node(self) -> None:
+        """kill -9 of the node, then a new process: running sandboxes are re-adopted, paused
+        ones stay paused, those whose QEMU died are removed."""
+        self._step("restart_node")
+        self.env.restart()
+        for sid in self._ids("dead"):
+            del self.boxes[sid]
+
+    @invariant()
+    def records_match_the_model_and_the_host(self) -> None:
+        expect = {sid: "running" if b.state == "dead" else b.state
+                  for sid, b in self.boxes.items()}  # fmt: skip
+        assert self.env.listed() == expect
+        d = census_mod.diff(self.env.census())
+        assert not d.leaks, d.lines()
+        ghosts = {(g.sandbox_id, g.missing) for g in d.ghosts}
+        assert ghosts == {(s, "no VMM process runs it") for s in self._ids("dead")}, d.lines()
+
+    def teardown(self) -> None:
+        """Every paused sandbox resumes with its memory; then nothing is left."""
+        try:
+            for sid in self._ids("paused"):
+                b = self.boxes[sid]
+                b.sbx = Sandbox.connect(sid, timeout=TTL_S)
+                _assert_intact(b)
+        finally:
+            for sid in list(self.boxes):
+                Sandbox.kill(sid)
+            for snap in self.snaps:
+                Sandbox.delete_snapshot(snap)
+        d = census_mod.diff(self.env.census())
+        assert d.clean, d.lines()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    e = Env(tmp_path_factory.mktemp("model"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("E2B_API_URL", f"http://127.0.0.1:{e.port}")
+    mp.setenv("E2B_SANDBOX_URL", f"http://127.0.0.1:{e.port}")
+    mp.setenv("E2B_API_KEY", API_KEY)
+    try:
+        e.start()
+        assert e.node is not None
+        require_base_template(e.node)
+        yield e
+        for sid in e.listed():
+            Sandbox.kill(sid)
+        assert e.node.stop() == 0, e.node.tail()
+        leaks = census.check_stopped(e.instance)
+        assert not leaks, "\n".join(leaks)
+    finally:
+        if e.node is not None:
+            e.node.kill9()
+        mp.undo()
+        census.release(e.instance)
+
+
+def test_node_matches_its_model_through_random_operations_and_crashes(env: Env) -> None:
+    NodeModel.env = env
+    try:
+        run_state_machine_as_test(NodeModel if LONG else seed(SHORT_SEED)(NodeModel),
+                                  settings=SETTINGS)  # fmt: skip
+    finally:
+        faults = env.steps["kill9_qemu"] + env.steps["restart_node"]
+        print(f"model test: {env.steps.total()} steps {dict(env.steps)}, {faults} faults "
+              f"injected, {env.starts} node processes")

@@ -1,0 +1,76 @@
+"""Egress policy: parsing E2B's allowOut/denyOut and the sets the slot's rules consult.
+
+What the rules then do with real packets is tested from real guests in
+tests/integration/network/test_isolation.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from aenv.network.egress import EgressPolicy, EgressPolicyError, compile_sets
+from aenv.network.rules import egress_commands, slot_ruleset
+
+Net = ipaddress.IPv4Network
+HOST = [Net("192.0.2.2/32"), Net("127.0.0.0/8")]
+
+
+def test_default_and_false_are_closed() -> None:
+    assert EgressPolicy().is_closed
+    assert EgressPolicy.from_request(None).is_closed
+    assert EgressPolicy.from_request(False, deny_out=["0.0.0.0/0"]).is_closed
+    assert not EgressPolicy.from_request(True).is_closed
+    # allow_internet_access=false is denyOut 0.0.0.0/0: allowOut still wins over it.
+    assert EgressPolicy.from_request(False, ["203.0.113.9"]).allow_out == (
+        Net("203.0.113.9/32"),)
+
+
+@pytest.mark.parametrize(("entry", "msg"), [
+    ("example.com", "not an IPv4 address or CIDR"),
+    ("2001:db8::/32", "IPv6"),
+    ("10.0.0.0/33", "not an IPv4"),
+    (7, "must be strings"),
+])
+def test_entries_it_cannot_enforce_are_refused(entry: object, msg: str) -> None:
+    with pytest.raises(EgressPolicyError, match=msg):
+        EgressPolicy.from_request(None, [entry])
+    with pytest.raises(EgressPolicyError, match=msg):
+        EgressPolicy.from_request(None, deny_out=[entry])
+
+
+def test_entries_are_normalised_and_round_trip() -> None:
+    p = EgressPolicy.from_request(True, ["10.1.2.3/16", "10.1.0.0/16", " 8.8.8.8 "],
+                                  ["1.1.1.1"])
+    assert p.allow_out == (Net("8.8.8.8/32"), Net("10.1.0.0/16"))
+    assert EgressPolicy.from_json(p.to_json()) == p
+
+
+def test_never_ranges_stay_closed_and_special_ones_open_only_by_name() -> None:
+    p = EgressPolicy.from_request(True, ["0.0.0.0/0", "10.9.0.0/16", "198.19.250.2",
+                                         "127.0.0.1", "93.184.216.34"])
+    sets = compile_sets(p, "198.18.0.0/16", HOST)
+    never = sets.never
+    for addr in ("127.0.0.1", "169.254.169.254", "198.18.0.6", "192.0.2.2", "224.0.0.1",
+                 "255.255.255.255", "0.0.0.1"):
+        assert any(ipaddress.ip_address(addr) in n for n in never), addr
+    # Named private/benchmarking destinations go to allow_special (checked before the
+    # special ranges are dropped); 0.0.0.0/0 does not: it is consulted after them.
+    assert sets.allow_special == (Net("10.9.0.0/16"), Net("198.19.250.2/32"))
+    # 0.0.0.0/0 swallows the public address and even 127.0.0.1 (an allowOut entry in a
+    # never range is accepted but changes nothing: never is consulted first).
+    assert sets.allow_out == (Net("0.0.0.0/0"),)
+    assert sets.allow_default == (Net("0.0.0.0/0"),)
+
+
+def test_rules_text() -> None:
+    rules = slot_ruleset("198.18.0.2", "198.18.0.1")
+    assert "ip saddr 198.18.0.1 ip daddr 198.18.0.2 meta l4proto tcp dnat" in rules
+    assert "snat ip to 198.18.0.2" in rules
+    sets = compile_sets(EgressPolicy.from_request(None, ["203.0.113.9"]), "198.18.0.0/15", HOST)
+    cmds = egress_commands(sets)
+    assert "flush set inet aenv allow_default" in cmds  # every set is replaced
+    assert "add element inet aenv allow_special { 203.0.113.9/32 }" in cmds
+    assert "add element inet aenv allow_default" not in cmds
+    assert "add element" not in egress_commands(None)
