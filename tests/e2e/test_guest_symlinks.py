@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2b import Sandbox
-from e2b.exceptions import NotFoundException
+from e2b.exceptions import InvalidArgumentException, NotFoundException
 
 from tests.support.host import DATA_DIR
 
@@ -45,7 +45,7 @@ def test_guest_symlinks_to_host_paths_resolve_in_the_guest(node: NodeProcess) ->
             assert secret.encode() not in data and API_KEY.encode() not in data, path
         try:
             names = [e.name for e in sbx.files.list("/home/user/data")]
-        except NotFoundException:
+        except (NotFoundException, InvalidArgumentException):
             names = []  # the guest has no such directory: the link dangles
         assert not {p.name for p in sentinels} & set(names), names
 

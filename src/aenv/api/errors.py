@@ -69,9 +69,14 @@ def install(app: FastAPI) -> None:
     async def _runtime_error(request: Request, exc: RuntimeError_) -> JSONResponse:
         status = int(getattr(exc, "status", 500))
         headers = {"Retry-After": "1"} if status == 429 else None
+        # A traceback only for what nobody planned: a declared status (e.g. 503 for a guest
+        # that does not answer) is the guest's state, not a node bug.
         if status >= 500:
-            log.error("api.runtime_error", exc_info=exc,
-                      extra={"kv": {"path": request.url.path}})  # fmt: skip
+            planned = status != 500
+            log.log(logging.WARNING if planned else logging.ERROR, "api.runtime_error",
+                    exc_info=None if planned else exc,
+                    extra={"kv": {"path": request.url.path, "status": status,
+                                  "error": str(exc)}})  # fmt: skip
         return error_response(status, str(exc) or type(exc).__name__, headers,
                               getattr(exc, "error_code", None))
 

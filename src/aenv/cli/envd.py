@@ -274,7 +274,10 @@ def _read_capped(r: httpx.Response, cap: int) -> httpx.Response:
         body += chunk
         if len(body) > cap:
             raise EnvdError(f"the sandbox's reply exceeds {cap} bytes", "resource_exhausted")
-    return httpx.Response(r.status_code, headers=r.headers, content=bytes(body),
+    # The body is decoded already: the new response must not decode it again.
+    headers = [(k, v) for k, v in r.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(r.status_code, headers=headers, content=bytes(body),
                           request=r.request)  # fmt: skip
 
 

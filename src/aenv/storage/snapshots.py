@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -159,7 +160,11 @@ class SnapshotStore:
         final = self.path(manifest.snapshot_id)
         stage = self.root / f".tmp-{manifest.snapshot_id}"
         stage.mkdir(mode=0o755)
+        # Held until the rename: tells gc_staging (of any node sharing the store) that this
+        # staging directory has a live writer. The kernel drops it if this process dies.
+        lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             for name in FILES:
                 dst = stage / name
                 clone(sources[name], dst)
@@ -175,6 +180,8 @@ class SnapshotStore:
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
+        finally:
+            os.close(lock)
         if checksums:
             self.pending.append(manifest.snapshot_id)
         return final
@@ -212,16 +219,17 @@ class SnapshotStore:
 
     def gc_staging(self) -> None:
         """Remove staging/deleted leftovers of an interrupted put or delete, and temporary
-        files of interrupted record writes."""
+        files of interrupted record writes. Nodes of other instances may share this store
+        and be in the middle of a put: a staging directory goes only when no process holds
+        its lock (its writer died). A `.del-` directory is already unlisted: always safe."""
         if self.root.exists():
             for p in self.root.iterdir():
-                if p.name.startswith((".tmp-", ".del-")):
+                if p.name.startswith(".del-") or (p.name.startswith(".tmp-") and _abandoned(p)):
                     shutil.rmtree(p, ignore_errors=True)
                 elif p.is_dir():
                     for tmp in p.glob(".*.tmp"):
-                        with contextlib.suppress(FileNotFoundError):
-                            if time.time() - tmp.stat().st_mtime > STALE_TMP_S:
-                                tmp.unlink()
+                        if _stale(tmp):
+                            tmp.unlink(missing_ok=True)
 
     # -- integrity -------------------------------------------------------------------------
     def corrupt_reason(self, snapshot_id: str) -> str | None:
@@ -331,3 +339,28 @@ def _chunk_problems(directory: Path, rec: checksums_mod.ChecksumRecord,
         out += [f"{name}: {p}" for p in checksums_mod.verify_file(
             directory / name, sums, rec.chunk_size, pacer)]
     return out
+
+
+def _stale(p: Path) -> bool:
+    try:
+        return time.time() - p.lstat().st_mtime > STALE_TMP_S
+    except FileNotFoundError:
+        return False
+
+
+def _abandoned(stage: Path) -> bool:
+    """No live put holds the staging directory's lock. (A put locks right after its mkdir;
+    the age check covers that instant.)"""
+    try:
+        if time.time() - stage.lstat().st_mtime < 1:
+            return False
+        fd = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # the rmtree that follows needs no lock: nobody can take this name again
+    return True
