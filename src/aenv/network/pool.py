@@ -9,12 +9,15 @@ prefix, which is how a census or start-up reconciliation finds leftovers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
 import os
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from aenv.network import netns as ns
 from aenv.network.addressing import DEFAULT_NETWORK, DEFAULT_PREFIX, SlotNaming
@@ -23,6 +26,20 @@ from aenv.network.slot import Slot, create_slot, destroy_slot, reset_slot, slot_
 log = logging.getLogger(__name__)
 
 DEFAULT_UID_BASE = 880000  # matches Config.jail_uid_base
+HOST_LOCK = Path("/run/aenv/slots.lock")
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """Serialises slot creation among all node processes on this host (flock: released if
+    the process dies)."""
+    HOST_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def default_uid_for_index(index: int) -> int:
@@ -178,18 +195,22 @@ class SlotPool:
     # -- operations -------------------------------------------------------------------
 
     def _create(self) -> Slot:
-        """Create a slot at a freshly reserved index; the caller files it under the lock."""
-        with self._lock:
-            if self._closed:
-                raise SlotPoolError("slot pool is closed")
-            index = self._reserve_index()
-        slot = slot_for(self.naming, index, self.uid_for_index(index))
-        try:
-            create_slot(slot)
-        except BaseException:
+        """Create a slot at a freshly reserved index; the caller files it under the lock.
+        Other node processes (instances) on this host pick indexes from the same address
+        range, and an index is seen as taken only once its slot exists: choosing and
+        creating happen under one host-wide lock."""
+        with _host_lock():
             with self._lock:
-                self._busy.discard(index)
-            raise
+                if self._closed:
+                    raise SlotPoolError("slot pool is closed")
+                index = self._reserve_index()
+            slot = slot_for(self.naming, index, self.uid_for_index(index))
+            try:
+                create_slot(slot)
+            except BaseException:
+                with self._lock:
+                    self._busy.discard(index)
+                raise
         return slot
 
     def _destroy(self, slot: Slot) -> None:

@@ -1,5 +1,5 @@
-"""The orchestrator's background loops: the TTL sweeper, the metrics sampler, and the
-snapshot checksum worker and scrubber."""
+"""The orchestrator's background loops: the TTL sweeper, the metrics sampler, the removal
+of sandboxes whose VMM exited on its own, and the snapshot checksum worker and scrubber."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from aenv.orchestrator.errors import NotFound, StateConflict
 from aenv.orchestrator.obs import log_event
+from aenv.orchestrator.runtime_api import VmmExit
 from aenv.orchestrator.states import SandboxState
 from aenv.storage.checksums import Pacer
 from aenv.storage.snapshots import SnapshotCorrupt, SnapshotNotFound, SnapshotStore, Verification
@@ -25,6 +27,8 @@ METRICS_RETENTION_S = 3600
 # How often the checksum worker looks at the store's queue of new snapshots (an in-memory
 # deque: polling it costs nothing, and the worker needs no hook in the snapshot path).
 CHECKSUM_POLL_S = 0.5
+# A sandbox whose VMM died while another operation holds it is looked at again this often.
+VMM_EXIT_RECHECK_S = 0.2
 MIB = 1 << 20
 
 
@@ -49,6 +53,29 @@ async def _expire(orch: Orchestrator, sandbox_id: str) -> None:
         await orch.expire(sandbox_id)
     except Exception:
         log.exception("ttl.expire_failed", extra={"kv": {"sandbox_id": sandbox_id}})
+
+
+async def reap_dead_vmm(orch: Orchestrator, sandbox_id: str, how: VmmExit) -> None:
+    """Remove a sandbox whose VMM exited on its own, as a kill does (`orch.remove_dead`).
+    It never queues on the sandbox's lock: an operation in flight (kill, pause, snapshot,
+    fork, a create or resume failing on the dead VM) finishes first and decides, then the
+    state it left is looked at. A concurrent kill request joins this one (or this joins
+    it): one removal. Gives up when the node closes (shutdown ends every VM anyway)."""
+    try:
+        while not orch._closing:
+            if orch._started and not orch._locks.locked(sandbox_id):
+                try:
+                    done = await orch._joiner.run(sandbox_id, "kill",
+                                                  lambda: orch.remove_dead(sandbox_id, how))
+                except NotFound:
+                    return  # joined a kill request that found it gone
+                except StateConflict:
+                    done = False  # joined a kill request that waited too long
+                if done is not False:
+                    return
+            await asyncio.sleep(VMM_EXIT_RECHECK_S)
+    except Exception:
+        log.exception("sandbox.remove_dead_failed", extra={"kv": {"sandbox_id": sandbox_id}})
 
 
 async def metrics_sampler(orch: Orchestrator) -> None:

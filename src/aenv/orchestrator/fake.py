@@ -20,6 +20,8 @@ from aenv.orchestrator.runtime_api import (
     SnapshotInfo,
     TemplateInfo,
     TemplateNotFound,
+    VmmExit,
+    VmmExitHandler,
 )
 
 
@@ -57,6 +59,8 @@ class FakeRuntime:
         self.fail_next_create: Exception | None = None
         self.fail_next_pause: Exception | None = None
         self.fail_next_resume: Exception | None = None
+        self.exited: set[str] = set()  # live sandboxes whose "VMM" died (`vmm_exit`)
+        self.on_vmm_exit: VmmExitHandler | None = None
         self.started = False
         self.closed = False
 
@@ -107,9 +111,19 @@ class FakeRuntime:
         return handle
 
     async def kill(self, handle: SandboxHandle) -> None:
+        self.exited.discard(handle.sandbox_id)
         if (self.live.pop(handle.sandbox_id, None) or self.paused.pop(handle.sandbox_id, None)
                 ) is not None:
             self.killed.append(handle.sandbox_id)
+
+    def vmm_exit(self, sandbox_id: str, how: VmmExit | None = None) -> None:
+        """What the QEMU runtime's watcher does when a VMM dies on its own: the VM stays
+        listed until it is killed (its resources are released then), is no longer running,
+        and the orchestrator is told."""
+        assert sandbox_id in self.live, sandbox_id
+        self.exited.add(sandbox_id)
+        if self.on_vmm_exit is not None:
+            self.on_vmm_exit(sandbox_id, how or VmmExit(signal="SIGKILL"))
 
     # -- pause, resume, snapshots, fork ------------------------------------------------------
 
@@ -118,6 +132,8 @@ class FakeRuntime:
     ) -> None:
         if require_healthy_guest and sandbox_id in self.unresponsive:
             raise GuestUnresponsive(f"the guest agent of {sandbox_id} did not answer")
+        if sandbox_id in self.exited:  # the real runtime's save fails: not running, not paused
+            raise RuntimeError_(f"the VMM of {sandbox_id} exited")
         if self.boot_delay_s:
             await asyncio.sleep(self.boot_delay_s)
         if self.fail_next_pause is not None:
@@ -149,7 +165,7 @@ class FakeRuntime:
         return sandbox_id in self.paused
 
     def is_running(self, sandbox_id: str) -> bool:
-        return sandbox_id in self.live
+        return sandbox_id in self.live and sandbox_id not in self.exited
 
     async def snapshot_sandbox(
         self, sandbox_id: str, snapshot_id: str, names: list[str]

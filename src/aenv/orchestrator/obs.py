@@ -33,6 +33,12 @@ PROXY_REQUESTS = Counter(
     "aenv_proxy_requests_total", "Data-plane requests by outcome", ["outcome"]
 )
 PROXY_OPEN = Gauge("aenv_proxy_open_streams", "Data-plane responses currently streaming")
+# kind: "sandbox" (the sandbox is then removed) or "warm_pool" (the pool replaces the VMM).
+VMM_EXITS = Counter(
+    "aenv_vmm_unexpected_exits_total",
+    "VMM processes that ended without the node ending them (crash, OOM kill, kill by hand, "
+    "guest poweroff or reboot)", ["kind"],
+)  # fmt: skip
 
 
 def log_event(log: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:

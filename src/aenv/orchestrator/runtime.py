@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import secrets
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from aenv.network.slot import Slot, set_egress
 from aenv.orchestrator import adoption, agent_replies, guest_flush
 from aenv.orchestrator import reclaim as reclaim_mod
 from aenv.orchestrator.agent_replies import GuestReplyError
+from aenv.orchestrator.obs import VMM_EXITS, log_event
 from aenv.orchestrator.runtime_api import (
     AGENT_PORT,
     AgentInit,
@@ -40,6 +43,8 @@ from aenv.orchestrator.runtime_api import (
     SnapshotInfo,
     TemplateInfo,
     TemplateNotFound,
+    VmmExit,
+    VmmExitHandler,
 )
 from aenv.storage import datafs
 from aenv.storage.checksums import sha256_file
@@ -77,6 +82,8 @@ GUEST_FLUSH_TIMEOUT = 20.0
 GUEST_CHECK_TIMEOUT = 5.0
 # In a paused VM's directory: {"memory": bool}, what its paused state holds.
 PAUSE_MARKER = "pause.json"
+# A warm-pool VMM that died on its own is replaced this much later (not in a tight loop).
+POOL_RESPAWN_DELAY_S = 1.0
 
 
 class BootError(RuntimeError_):
@@ -125,6 +132,26 @@ class Machine:
     # next VM, and a kept-alive connection to the previous guest would hang.
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(
         timeout=httpx.Timeout(AGENT_INIT_TIMEOUT, connect=1.0)))
+    # Set before the node itself ends the VMM (kill, pause, shutdown, a failed start): its
+    # exit is then expected. A VMM that exits without it died on its own (`exited`).
+    stopping: bool = False
+    exited: VmmExit | None = None
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def _exit_of(vm: Vm, launcher_returncode: int, cgroup: Cgroup) -> VmmExit:
+    """How a VMM ended: its status from its launcher's (unknown for an adopted one, not our
+    child) and whether its cgroup's OOM killer ended it (then by SIGKILL)."""
+    oom = cgroup.oom_kills() > 0
+    if isinstance(vm, QemuVm) and vm.adopted:
+        return VmmExit(signal="SIGKILL" if oom else None, oom_killed=oom)
+    code = jail.vmm_returncode(launcher_returncode, _log_tail(vm))
+    if code < 0:
+        try:
+            return VmmExit(signal=signal.Signals(-code).name, oom_killed=oom)
+        except ValueError:
+            return VmmExit(signal=str(-code), oom_killed=oom)
+    return VmmExit(exit_code=code, oom_killed=oom)
 
 
 class Runtime:
@@ -145,6 +172,7 @@ class Runtime:
         )
         self._machines: dict[str, Machine] = {}
         self._pool = WarmPool(self, cfg.warm_pool_size)
+        self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
 
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
@@ -236,7 +264,7 @@ class Runtime:
             raise
         m = Machine(name, vm, slot, workdir, rec.template_id, jail=real.name,
                     access_token=rec.access_token)
-        self._machines[name] = m
+        self._register(m)
         try:
             t2 = time.perf_counter()
             await self.wait_agent(m, ADOPT_AGENT_TIMEOUT)
@@ -340,7 +368,7 @@ class Runtime:
             await self._release(slot, None if keep_dir else workdir)
             raise
         m = Machine(name, vm, slot, workdir, template_id, jail=name)
-        self._machines[name] = m
+        self._register(m)
         try:
             await vm.boot()
             await self.wait_agent(m, AGENT_BOOT_TIMEOUT)
@@ -393,7 +421,7 @@ class Runtime:
             await self._release(slot, workdir if snapshot_id is not None else None)
             raise
         m = Machine(name, vm, slot, workdir, man.template, jail=name)
-        self._machines[name] = m
+        self._register(m)
         try:
             t2 = time.perf_counter()
             fault("create.before_restore" if snapshot_id is not None else "resume.before_restore")
@@ -439,7 +467,7 @@ class Runtime:
         final.symlink_to(warm.workdir.name)
         m = Machine(name, warm.vm, warm.slot, final, man.template, jail=warm.jail,
                     http=warm.http)
-        self._machines[name] = m
+        self._register(m)
         log.debug("restore %s (warm): clone=%.1fms load+cont=%.1fms", name,
                   (t1 - t0) * 1e3, (t2 - t1) * 1e3)
         return m
@@ -577,7 +605,9 @@ class Runtime:
             self.cfg.sandboxes_dir / name / "manifest.json").is_file()
 
     def is_running(self, name: str) -> bool:
-        return name in self._machines
+        """A VMM runs the sandbox (one that exited on its own is not running any more)."""
+        m = self._machines.get(name)
+        return m is not None and m.exited is None
 
     async def resume(self, name: str, init: AgentInit, *, memory: bool = True
                      ) -> SandboxHandle:
@@ -693,6 +723,8 @@ class Runtime:
         while time.monotonic() < deadline:
             if m.name not in self._machines:
                 raise BootError(f"{m.name} was destroyed while booting")
+            if m.exited is not None:
+                raise BootError(f"the VMM of {m.name} exited ({m.exited}): {_log_tail(m.vm)}")
             try:
                 r = await agent_replies.request(m.http, "GET", url, deadline_s=1.0)
                 if r.status == 204:
@@ -751,6 +783,7 @@ class Runtime:
 
     async def _stop(self, m: Machine) -> None:
         """End the VMM and give back its slot, keeping its directory (pause)."""
+        m.stopping = True  # before anything ends it: its watcher must not report the exit
         self._machines.pop(m.name, None)
         await m.http.aclose()
         with contextlib.suppress(OSError):  # it names a VMM that is about to end
@@ -767,6 +800,38 @@ class Runtime:
         if workdir is not None:
             await asyncio.to_thread(remove_tree, workdir)
         await self.slots.release_async(slot)
+
+    # -- VMMs that exit on their own ----------------------------------------------------
+    def _register(self, m: Machine) -> None:
+        """`m` is the VM of sandbox `m.name` from now on; its VMM is watched."""
+        self._machines[m.name] = m
+        self._watch(m, self._sandbox_vmm_exited)
+
+    def _watch(self, m: Machine, died: Callable[[Machine, VmmExit], None]) -> None:
+        """Call `died` when m's VMM exits and the node did not end it (`m.stopping`)."""
+        m.watcher = asyncio.get_running_loop().create_task(
+            self._watcher(m, died), name=f"aenv-vmm-{m.name}")
+
+    async def _watcher(self, m: Machine, died: Callable[[Machine, VmmExit], None]) -> None:
+        try:
+            returncode = await m.vm.wait()
+            if m.stopping:
+                return
+            # Read before anything removes the VM's cgroup (its OOM count).
+            m.exited = _exit_of(m.vm, returncode, Cgroup(self.driver.jail_prefix + m.jail))
+            log_event(log, "vmm.exited", logging.WARNING, vm=m.name,
+                      exit_code=m.exited.exit_code, signal=m.exited.signal,
+                      oom_killed=m.exited.oom_killed or None,
+                      qemu_log=_log_tail(m.vm) or None)  # fmt: skip
+            died(m, m.exited)
+        except Exception:
+            log.exception("watching the VMM of %s failed", m.name)
+
+    def _sandbox_vmm_exited(self, m: Machine, how: VmmExit) -> None:
+        VMM_EXITS.labels("sandbox").inc()
+        # Only the sandbox's current VM: the orchestrator removes the sandbox (a kill).
+        if self._machines.get(m.name) is m and self.on_vmm_exit is not None:
+            self.on_vmm_exit(m.name, how)
 
     # -- the sandbox API the orchestrator uses ------------------------------------------
     async def create(self, sandbox_id: str, template: str, init: AgentInit,
@@ -826,6 +891,10 @@ class Runtime:
         return dict(self._machines)
 
 
+def _log_tail(vm: Vm) -> str:
+    return vm.log_tail() if isinstance(vm, QemuVm) else ""
+
+
 def _snapshot_info(man: Manifest) -> SnapshotInfo:
     return SnapshotInfo(
         snapshot_id=man.snapshot_id, names=list(man.names), parent=man.parent,
@@ -845,6 +914,7 @@ class WarmPool:
         self._ready: list[Machine] = []
         self._spawning = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._drops: set[asyncio.Task[None]] = set()  # releasing VMMs that died in the pool
         self._closed = False
 
     def configure(self, key: tuple[object, ...]) -> None:
@@ -861,6 +931,8 @@ class WarmPool:
         if key != self.key or not self._ready:
             return None
         m = self._ready.pop(0)
+        if m.watcher is not None:
+            m.watcher.cancel()  # the sandbox it becomes is watched from its restore on
         self._refill()
         return m
 
@@ -895,10 +967,30 @@ class WarmPool:
                 await self.rt._destroy(m)
             else:
                 self._ready.append(m)
+                self.rt._watch(m, self._died)
         except Exception as e:  # a failed refill must not break the node; next take spawns
             log.warning("warm pool: spawning a VMM failed: %s", e)
         finally:
             self._spawning -= 1
+
+    def _died(self, m: Machine, how: VmmExit) -> None:
+        """A pooled VMM ended on its own: drop it, release its slot, jail and files, and
+        spawn a replacement a little later."""
+        if m not in self._ready:
+            return  # taken meanwhile: its restore finds it dead and fails
+        self._ready.remove(m)
+        VMM_EXITS.labels("warm_pool").inc()
+        loop = asyncio.get_running_loop()
+
+        async def drop() -> None:
+            try:
+                await self.rt._destroy(m)
+            finally:
+                loop.call_later(POOL_RESPAWN_DELAY_S, self._refill)
+
+        t = loop.create_task(drop(), name=f"aenv-pool-drop-{m.name}")
+        self._drops.add(t)
+        t.add_done_callback(self._drops.discard)
 
     async def settle(self) -> None:
         """Wait for the spawns in flight (their VMs are then in `names()`)."""
@@ -908,6 +1000,6 @@ class WarmPool:
         self._closed = True
         for t in list(self._tasks):
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._drops, return_exceptions=True)
         ready, self._ready = self._ready, []
         await asyncio.gather(*(self.rt._destroy(m) for m in ready))

@@ -6,6 +6,7 @@ state machine depend only on this protocol.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -52,6 +53,27 @@ class SandboxHandle:
 
 
 @dataclass(frozen=True)
+class VmmExit:
+    """How a sandbox's VMM ended on its own (not ended by the node): its exit code, or the
+    signal that ended it; neither when that is not ours to know (a VMM re-adopted after a
+    node restart is not the node's child)."""
+
+    exit_code: int | None = None
+    signal: str | None = None
+    oom_killed: bool = False  # its cgroup's OOM killer ended it (it hit its memory limit)
+
+    def __str__(self) -> str:
+        if self.signal is not None:
+            return f"signal {self.signal}" + (" (OOM kill)" if self.oom_killed else "")
+        return "status unknown" if self.exit_code is None else f"exit code {self.exit_code}"
+
+
+# Told by the runtime when a sandbox's VMM exited on its own (a crash, an OOM kill, a kill
+# by hand, a guest poweroff or reboot): the orchestrator then removes the sandbox.
+VmmExitHandler = Callable[[str, VmmExit], None]
+
+
+@dataclass(frozen=True)
 class SnapshotInfo:
     """A named snapshot of a sandbox (`POST /sandboxes/{id}/snapshots`), usable as a template."""
 
@@ -85,6 +107,9 @@ class GuestUnresponsive(RuntimeError_):
 
 
 class Runtime(Protocol):
+    # Set by the orchestrator before start(); called from the event loop, must not block.
+    on_vmm_exit: VmmExitHandler | None
+
     async def start(self) -> None: ...
 
     async def close(self) -> None:

@@ -46,6 +46,7 @@ from aenv.orchestrator.runtime_api import (
     SnapshotInfo,
     TemplateInfo,
     TemplateNotFound,
+    VmmExit,
 )
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
@@ -124,6 +125,10 @@ class Orchestrator:
         self._accepting = False
         self._tasks: list[asyncio.Task[None]] = []
         self._expiring: set[str] = set()
+        # Removals of sandboxes whose VMM exited on its own (background.reap_dead_vmm).
+        self._reaping: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._closing = False
         self._snap_refs = snaps.SnapshotRefs()
         # Free bytes on the data filesystem (space admission); tests replace it.
         self.free_bytes: Callable[[], int] = lambda: space.free_bytes(config.data_dir)
@@ -138,6 +143,7 @@ class Orchestrator:
     async def start(self) -> None:
         faults.arm(self.config.faults)  # crash tests only; empty: every point is a no-op
         self.store.open()
+        self.runtime.on_vmm_exit = self._vmm_exited  # adopted VMs are watched too
         async with stage("node", "runtime_start"):
             await self.runtime.start()
         await recovery.recover(self)
@@ -148,6 +154,7 @@ class Orchestrator:
             asyncio.create_task(background.scrubber(self), name="aenv-scrub"),
         ]
         self._accepting = True
+        self._started = True
         log_event(log, "node.started", sandboxes=len(self.routes))
 
     def begin_shutdown(self) -> None:
@@ -169,6 +176,8 @@ class Orchestrator:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        self._closing = True  # removals still waiting give up; one under way finishes
+        await asyncio.gather(*self._reaping, return_exceptions=True)
         if not self.store.is_open:
             return
         if self.config.on_shutdown == "pause":
@@ -406,7 +415,7 @@ class Orchestrator:
             rec = self.get(sandbox_id)
             await self._kill_locked(rec, "request")
 
-    async def _kill_locked(self, rec: SandboxRecord, reason: str) -> None:
+    async def _kill_locked(self, rec: SandboxRecord, reason: str, **detail: object) -> None:
         sid = rec.sandbox_id
         if not self.store.transition(sid, [rec.state], S.KILLING, self.now_us()):
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
@@ -419,8 +428,34 @@ class Orchestrator:
         fault("kill.before_record")
         self.store.delete(sid, [S.KILLING])
         OPS_TOTAL.labels("kill", reason).inc()
-        log_event(log, "sandbox.killed", sandbox_id=sid, reason=reason,
+        log_event(log, "sandbox.killed", sandbox_id=sid, reason=reason, **detail,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+
+    def _vmm_exited(self, sandbox_id: str, how: VmmExit) -> None:
+        """The runtime's report that a sandbox's VMM exited on its own (crash, OOM kill, a
+        kill by hand, guest poweroff or reboot): remove the sandbox as a kill does."""
+        task = asyncio.get_running_loop().create_task(
+            background.reap_dead_vmm(self, sandbox_id, how), name=f"aenv-reap-{sandbox_id}")
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+    async def remove_dead(self, sandbox_id: str, how: VmmExit) -> bool:
+        """Kill (reason `vmm_exited`) a Running sandbox whose VMM has exited. True when
+        nothing is left to do: removed here, or an operation on it won (a kill, a pause
+        that ended it, a resume that runs a new VM); False while its state is not settled
+        (a fork child still Creating, a record recovery has not resolved yet).
+        Called through the kill Joiner by `background.reap_dead_vmm` only when the lock is
+        free, so it decides without yielding and a kill request can only join a removal."""
+        async with self._locks.hold(sandbox_id):
+            rec = self.store.get(sandbox_id)
+            if (rec is None or rec.state in (S.PAUSED, S.KILLING)
+                    or self.runtime.is_running(sandbox_id)):
+                return True
+            if rec.state is not S.RUNNING:
+                return False
+            await self._kill_locked(rec, "vmm_exited", exit_code=how.exit_code,
+                                    signal=how.signal, oom_killed=how.oom_killed or None)
+            return True
 
     async def _runtime_kill(self, handle: SandboxHandle) -> None:
         try:

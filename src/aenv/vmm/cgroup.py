@@ -103,6 +103,19 @@ class Cgroup:
                     raise
                 time.sleep(0.01)
 
+    def oom_kills(self) -> int:
+        """How many of the group's processes the kernel's OOM killer ended (0 if unknown)."""
+        f = (self.dirs[""] / "memory.events") if self.v2 else (
+            self.dirs["memory"] / "memory.oom_control")
+        try:
+            for line in f.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
     def memory_current(self) -> int:
         f = (self.dirs[""] / "memory.current") if self.v2 else (
             self.dirs["memory"] / "memory.usage_in_bytes")

@@ -80,6 +80,18 @@ class Process(Protocol):
 
 
 UNKNOWN_STATUS = -1  # an adopted launcher is not our child: its exit status is not ours to read
+# util-linux 2.38's unshare cannot pass on a SIGKILL (its `signal(SIGKILL, SIG_DFL)` fails):
+# it exits 1 and says this on its stderr, the VMM's log, instead.
+_UNSHARE_LOST_SIGKILL = "unshare: sigprocmask unblock failed"
+
+
+def vmm_returncode(launcher_returncode: int, log_tail: str) -> int:
+    """The VMM's status (asyncio's convention: negative = the signal that ended it) from its
+    launcher's: unshare exits with the VMM's exit code, or dies by the VMM's signal."""
+    lines = log_tail.strip().splitlines()
+    if launcher_returncode == 1 and lines and lines[-1].startswith(_UNSHARE_LOST_SIGKILL):
+        return -signal.SIGKILL
+    return launcher_returncode
 
 
 def start_time(pid: int) -> int | None:
@@ -104,11 +116,14 @@ class AdoptedProcess:
     """A launcher an earlier node process started and that outlived it (start_new_session).
     It is not our child, so it is watched through a pidfd, which stays bound to this very
     process even if its pid is reused: signals go to it alone, and the fd turns readable
-    when it exits (a zombie waiting for the host's init counts as exited)."""
+    when it exits (a zombie waiting for the host's init counts as exited). Any number of
+    callers may wait at once (the node's exit watcher and a kill): they share one future."""
 
     def __init__(self, pid: int, pidfd: int) -> None:
         self.pid = pid
         self._fd: int | None = pidfd
+        self._done: asyncio.Future[None] | None = None  # resolved when the fd is closed
+        self._loop: asyncio.AbstractEventLoop | None = None  # watching the fd, if any
 
     @classmethod
     def attach(cls, pid: int, started: int) -> AdoptedProcess | None:
@@ -132,8 +147,7 @@ class AdoptedProcess:
         p.register(self._fd, select.POLLIN)
         if not p.poll(0):
             return False
-        os.close(self._fd)
-        self._fd = None
+        self.close()
         return True
 
     @property
@@ -144,15 +158,14 @@ class AdoptedProcess:
         if self._exited():
             return UNKNOWN_STATUS
         assert self._fd is not None
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        fd = self._fd
-        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
-        try:
-            await done
-        finally:
-            loop.remove_reader(fd)
-        self._exited()  # closes the fd
+        if self._done is None:
+            # One reader for every waiter: a second add_reader on the fd would replace the
+            # first, and the fd must leave the loop before it is closed (its number may be
+            # reused at once).
+            self._loop = asyncio.get_running_loop()
+            self._done = self._loop.create_future()
+            self._loop.add_reader(self._fd, self._exited)
+        await asyncio.shield(self._done)
         return UNKNOWN_STATUS
 
     def kill(self) -> None:
@@ -161,10 +174,16 @@ class AdoptedProcess:
                 signal.pidfd_send_signal(self._fd, signal.SIGKILL)
 
     def close(self) -> None:
-        """Let go of the process (not adopted after all); it keeps running."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Let go of the process (not adopted after all, or it has exited): the fd goes,
+        waiters return; a process still running keeps running."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
+        os.close(fd)
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,11 @@ class QemuVm(Vm):
     def launcher_pid(self) -> int:
         return self._jailed.proc.pid
 
+    @property
+    def adopted(self) -> bool:
+        """Re-attached after a node restart: not our child, so its exit status is unknown."""
+        return isinstance(self._jailed.proc, jail.AdoptedProcess)
+
     def identity(self) -> jail.JailIdentity:
         """What a later node process needs to find this VMM again (`QemuDriver.adopt`)."""
         return self._jailed.identity()
@@ -252,6 +257,10 @@ class QemuDriver(Driver):
             "-device", "virtio-rng-device,rng=rng0",
             "-device", "virtio-balloon-device,free-page-reporting=on",
             "-sandbox", SANDBOX_OPTS,
+            # A guest reboot (also a panic: the kernel has panic=-1) ends QEMU, as a guest
+            # poweroff does: a rebooted guest would come back without its /init (token,
+            # env), so the node removes the sandbox instead (docs/api.md).
+            "-no-reboot",
             "-S",
         ]
         # A smaller TCG translation cache keeps QEMU's own RSS down.

@@ -26,6 +26,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -509,6 +510,19 @@ def test_pools_sharing_a_network_do_not_collide(pool: SlotPool) -> None:
     try:
         second = other.acquire()  # its own names, but index 0's /30 is taken on the host
         assert second.index != first.index and second.host_addr != first.host_addr
+    finally:
+        other.close()
+
+
+def test_pools_creating_at_once_never_pick_the_same_address(pool: SlotPool) -> None:
+    # Two node processes (instances) filling their pools at the same moment: an index is
+    # seen as taken only once its slot exists, so choosing + creating is one host-wide step.
+    other = SlotPool(prefix="aenvt-b", network=NETWORK, max_slots=8, uid_for_index=lambda i: i)
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            slots = list(ex.map(lambda p: p.acquire(), [pool, other] * 4))
+        addrs = [s.host_addr for s in slots]
+        assert len(set(addrs)) == len(addrs), sorted(addrs)
     finally:
         other.close()
 
