@@ -14,13 +14,12 @@ Like bench/memory.py it starts its own `aenv server` and times the HTTP API at t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from memory import Api, bench_node, extents, ms, table
+from memory import Api, bench_node, extents, ms, parse_parts, table
 from node import pct
 
 from aenv import config
@@ -86,13 +85,7 @@ def chain(api: Api, quick: bool, template: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller runs")
-    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated: {PARTS}")
-    args = ap.parse_args()
-    parts = args.only.split(",")
-    if unknown := set(parts) - set(PARTS):
-        ap.error(f"unknown parts: {unknown}")
+    args, parts = parse_parts(__doc__, PARTS)
     template = config.load().default_template
     with bench_node() as api:
         if "cycles" in parts:

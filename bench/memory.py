@@ -40,11 +40,13 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 from node import DATA_DIR, Node, pct  # bench/node.py: the server launcher
 
 from aenv import config
 from aenv.vmm.cgroup import Cgroup
+from tests.support.host import qemu_pids_with
 
 MIB = 1 << 20
 TTL_S = 1800
@@ -99,16 +101,8 @@ def allocated(path: Path) -> int:
 
 def qemu_pid(vm_dir: Path) -> int:
     """The QEMU running the VM whose (resolved) directory is on its command line."""
-    marker = str(vm_dir).encode() + b"/"
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"qemu-system" in argv[0] and any(marker in a for a in argv):
-            return int(p.name)
+    for pid in qemu_pids_with(str(vm_dir).encode() + b"/"):
+        return pid
     raise LookupError(f"no QEMU for {vm_dir}")
 
 
@@ -401,14 +395,20 @@ def idle(api: Api, quick: bool, template: str) -> None:
     print("data fs own: RAM + disk file blocks no longer shared with the template")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_parts(doc: str, all_parts: tuple[str, ...]) -> tuple[argparse.Namespace, list[str]]:
+    """`--quick` and `--only a,b`: the command line of the benches made of parts."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller runs")
-    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated: {PARTS}")
+    ap.add_argument("--only", default=",".join(all_parts), help=f"comma-separated: {all_parts}")
     args = ap.parse_args()
     parts = args.only.split(",")
-    if unknown := set(parts) - set(PARTS):
+    if unknown := set(parts) - set(all_parts):
         ap.error(f"unknown parts: {unknown}")
+    return args, parts
+
+
+def main() -> None:
+    args, parts = parse_parts(__doc__, PARTS)
     with bench_node() as api:
         template = config.load().default_template
         if "balloon" in parts:

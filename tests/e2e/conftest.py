@@ -107,29 +107,62 @@ def require_base_template(node: NodeProcess) -> None:
 
 
 @contextlib.contextmanager
-def running_node(log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
-    """A node with the SDK's env pointed at it; after it stops, the leak census of its
-    instance must be clean. An instance of its own is then released (database, directory,
-    and whatever a failed node left), whether the test passed or not."""
-    own = not os.environ.get("AENV_INSTANCE") and "AENV_INSTANCE" not in extra_env
-    n = NodeProcess(free_port(), log_dir / "server.log", extra_env=extra_env)
-    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+def sdk_pointed_at(n: NodeProcess) -> Iterator[None]:
+    """The unmodified E2B SDK's env (E2B_API_URL, ...) points at `n` while inside."""
+    env = {"E2B_API_URL": n.origin, "E2B_SANDBOX_URL": n.origin, "E2B_API_KEY": API_KEY}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        n.start()
-        os.environ.update(E2B_API_URL=n.origin, E2B_SANDBOX_URL=n.origin, E2B_API_KEY=API_KEY)
-        require_base_template(n)
-        yield n
-        with n.api() as c:
-            left = c.get("/v2/sandboxes").json()
-        assert left == [], f"sandboxes left behind: {left}"
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        code = n.stop() if n.proc and n.proc.poll() is None else n.proc and n.proc.returncode
-        print(n.tail(200))
+
+
+def assert_no_sandboxes(n: NodeProcess) -> None:
+    with n.api() as c:
+        left = c.get("/v2/sandboxes").json()
+    assert left == [], f"sandboxes left behind: {left}"
+
+
+def stop_node(n: NodeProcess) -> int | None:
+    """Stop `n` if it still runs (its exit code), and print the end of its log."""
+    code = n.stop() if n.proc and n.proc.poll() is None else n.proc and n.proc.returncode
+    print(n.tail(200))
+    return code
+
+
+def start_node(log: Path, instance: str, monkeypatch: pytest.MonkeyPatch,
+               port: int | None = None, **env: str) -> NodeProcess:
+    """One node process of `instance` (tests that kill -9 and restart nodes), with the SDK's
+    env pointed at it for the rest of the test. The caller stops it."""
+    n = NodeProcess(port or free_port(), log, extra_env={"AENV_INSTANCE": instance, **env})
+    n.start()
+    require_base_template(n)
+    for k in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+        monkeypatch.setenv(k, n.origin)
+    monkeypatch.setenv("E2B_API_KEY", API_KEY)
+    return n
+
+
+@contextlib.contextmanager
+def running_node(log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
+    """A node with the SDK's env pointed at it; after it stops, the leak census of its
+    instance must be clean. An instance of its own is then released (database, directory,
+    and whatever a failed node left), whether the test passed or not."""
+    own = not os.environ.get("AENV_INSTANCE") and "AENV_INSTANCE" not in extra_env
+    n = NodeProcess(free_port(), log_dir / "server.log", extra_env=extra_env)
+    try:
+        n.start()
+        with sdk_pointed_at(n):
+            require_base_template(n)
+            yield n
+            assert_no_sandboxes(n)
+    finally:
+        code = stop_node(n)
         instance = n.env.get("AENV_INSTANCE", "")
         leaks = census.check_stopped(instance) if instance else []
         if own and instance:

@@ -19,7 +19,13 @@ from e2b.exceptions import FileNotFoundException
 
 from aenv.vmm.cgroup import list_groups
 
-from .conftest import API_KEY, DATA_DIR, NodeProcess, free_port, qemu_pids, require_base_template
+from .conftest import (
+    DATA_DIR,
+    NodeProcess,
+    free_port,
+    qemu_pids,
+    start_node,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -29,14 +35,8 @@ COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done
 
 def _start(tmp_path: Path, label: str, instance: str, port: int,
            monkeypatch: pytest.MonkeyPatch, **env: str) -> NodeProcess:
-    n = NodeProcess(port, tmp_path / f"{label}.log", extra_env={
-        "AENV_INSTANCE": instance, "AENV_WARM_POOL_SIZE": str(WARM_POOL_SIZE), **env})
-    n.start()
-    require_base_template(n)
-    for k in ("E2B_API_URL", "E2B_SANDBOX_URL"):
-        monkeypatch.setenv(k, n.origin)
-    monkeypatch.setenv("E2B_API_KEY", API_KEY)
-    return n
+    return start_node(tmp_path / f"{label}.log", instance, monkeypatch, port,
+                      AENV_WARM_POOL_SIZE=str(WARM_POOL_SIZE), **env)
 
 
 def _vm_dir(instance: str, sandbox_id: str) -> Path:

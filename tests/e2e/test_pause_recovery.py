@@ -14,21 +14,19 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
-from .conftest import API_KEY, DATA_DIR, NodeProcess, free_port, qemu_pids, require_base_template
+from .conftest import (
+    DATA_DIR,
+    NodeProcess,
+    qemu_pids,
+    start_node,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 def _start(tmp_path: Path, label: str, instance: str, monkeypatch: pytest.MonkeyPatch,
            **env: str) -> NodeProcess:
-    n = NodeProcess(free_port(), tmp_path / f"{label}.log",
-                    extra_env={"AENV_INSTANCE": instance, **env})  # fmt: skip
-    n.start()
-    require_base_template(n)
-    for k in ("E2B_API_URL", "E2B_SANDBOX_URL"):
-        monkeypatch.setenv(k, n.origin)
-    monkeypatch.setenv("E2B_API_KEY", API_KEY)
-    return n
+    return start_node(tmp_path / f"{label}.log", instance, monkeypatch, **env)
 
 
 def _in_background(fn: Callable[[], object]) -> threading.Thread:

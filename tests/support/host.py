@@ -23,6 +23,11 @@ def qemu_pids(instance: str | None = None, data_dir: Path = DATA_DIR) -> set[int
     with `instance`, only that node instance's (other nodes on the host may be booting)."""
     marker = str(data_dir / "sandboxes" / (instance or "")).rstrip("/").encode()
     marker += b"/" if instance else b""
+    return qemu_pids_with(marker)
+
+
+def qemu_pids_with(marker: bytes) -> set[int]:
+    """QEMU processes with `marker` in one of their arguments (e.g. their VM directory)."""
     pids = set()
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():

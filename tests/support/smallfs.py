@@ -148,28 +148,18 @@ class SmallFs:
     def node(self, log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
         """A real node on this data directory with the E2B SDK's env pointed at it; after it
         stopped, nothing of its instance may be left on the host."""
-        from tests.e2e.conftest import API_KEY, NodeProcess
+        from tests.e2e.conftest import NodeProcess, assert_no_sandboxes, sdk_pointed_at, stop_node
 
         instance = "m" + os.urandom(3).hex()
         n = NodeProcess(free_port(), log_dir / "server.log", extra_env={
             "AENV_DATA_DIR": str(self.data_dir), "AENV_INSTANCE": instance, **extra_env})
         n.start()
-        sdk_env = {"E2B_API_URL": n.origin, "E2B_SANDBOX_URL": n.origin, "E2B_API_KEY": API_KEY}
-        saved = {k: os.environ.get(k) for k in sdk_env}
-        os.environ.update(sdk_env)
         try:
-            yield n
-            with n.api() as c:
-                left = c.get("/v2/sandboxes").json()
-            assert left == [], f"sandboxes left behind: {left}"
+            with sdk_pointed_at(n):
+                yield n
+                assert_no_sandboxes(n)
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            code = n.stop() if n.proc and n.proc.poll() is None else n.proc.returncode
-            print(n.tail(200))
+            code = stop_node(n)
         assert code == 0, f"aenv server exit code {code}"
         self.check_nothing_left(instance)
 

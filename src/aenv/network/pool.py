@@ -66,7 +66,7 @@ def _link_exists(name: str) -> bool:
     return True
 
 
-def _address_is_local(addr: str) -> bool:
+def address_is_local(addr: str) -> bool:
     """Whether addr is assigned to a host interface: binding succeeds only for local
     addresses (no packet is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -159,7 +159,7 @@ class SlotPool:
                 or _link_exists(self.naming.host_veth(index))
                 # Someone else (another pool or process with another prefix) already uses
                 # this /30 on the host: two routes for it would break both slots.
-                or _address_is_local(self.naming.host_addr(index))
+                or address_is_local(self.naming.host_addr(index))
             )
             if blocked:
                 if index not in self._warned:

@@ -41,6 +41,7 @@ from aenv import config as config_mod
 from aenv.network import GATEWAY_ADDR, TAP_MAC, EgressPolicy
 from aenv.network import netns as ns
 from aenv.network.egress import host_local_networks
+from aenv.network.pool import address_is_local
 from aenv.network.slot import Slot
 from aenv.orchestrator.runtime import Runtime
 from aenv.orchestrator.runtime_api import AGENT_PORT, AgentInit, SandboxHandle
@@ -208,15 +209,6 @@ def _forwarding(ifname: str, on: bool) -> None:
     Path(f"/proc/sys/net/ipv4/conf/{ifname}/forwarding").write_text("1" if on else "0")
 
 
-def _local(addr: str) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.bind((addr, 0))
-        except OSError:
-            return False
-    return True
-
-
 @dataclass
 class Internet:
     """A namespace standing for the internet: one veth to the host, a TCP and a UDP sink."""
@@ -330,7 +322,7 @@ def internet() -> Iterator[Internet]:
     for _ in range(50):
         base = ipaddress.ip_address("198.19.200.0") + 4 * random.randrange(256)
         net = ipaddress.ip_network(f"{base}/30")
-        if not any(_local(str(a)) for a in net):
+        if not any(address_is_local(str(a)) for a in net):
             break
     inet = Internet(name=f"aenvi-{tag}", host_if=f"aenvi{tag}", net=net,
                     host_addr=str(net.network_address + 1), addr=str(net.network_address + 2),
