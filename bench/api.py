@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import sys
@@ -122,6 +123,8 @@ async def raw_bench(n: int, snapshot: str, res: dict[str, list[float]]) -> None:
     finally:
         await rt.close()
         await rt.reclaim()
+        with contextlib.suppress(OSError):  # its instance directory, empty by now
+            cfg.sandboxes_dir.rmdir()
 
 
 def stages(log: Path) -> dict[str, list[float]]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +134,10 @@ def _build(binds: list[Bind], links: dict[str, str]) -> int:
                 dst.mkdir(parents=True, exist_ok=True)
             else:  # a file or device: bound onto an empty file
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.touch(mode=0o600)
+                # mknod, not open+close: while an fd of ours is open for writing, a fork
+                # by another thread of the node (a jail launcher's, before its exec) copies
+                # it, and the read-only remount of this tmpfs below fails with EBUSY.
+                os.mknod(dst, 0o600 | stat.S_IFREG)
             _mount(bytes(b.path), bytes(dst), None, _MS_BIND, None, b.path)
             _mount(None, bytes(dst), None, _MS_REMOUNT | _MS_BIND | b.flags, None, b.path)
         (JAIL_ROOT / "proc").mkdir()
