@@ -35,8 +35,7 @@ def fs() -> Iterator[SmallFs]:
 
 @pytest.fixture(scope="module")
 def small(fs: SmallFs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    with fs.node(tmp_path_factory.mktemp("small"), AENV_DISK_RESERVE_MIB=str(RESERVE_MIB),
-                 AENV_DEFAULT_TEMPLATE="busybox", AENV_WARM_POOL_SIZE="0") as n:  # fmt: skip
+    with fs.busybox_node(tmp_path_factory.mktemp("small"), RESERVE_MIB) as n:
         yield n
 
 

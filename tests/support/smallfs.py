@@ -145,6 +145,14 @@ class SmallFs:
     # -- a node on it ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
+    def busybox_node(self, log_dir: Path, reserve_mib: int) -> Iterator[NodeProcess]:
+        """A node for the space tests: `busybox` by default, the given reserve, and no warm
+        pool (every QEMU of this node is a sandbox the test made)."""
+        with self.node(log_dir, AENV_DISK_RESERVE_MIB=str(reserve_mib),
+                       AENV_DEFAULT_TEMPLATE="busybox", AENV_WARM_POOL_SIZE="0") as n:
+            yield n
+
+    @contextlib.contextmanager
     def node(self, log_dir: Path, **extra_env: str) -> Iterator[NodeProcess]:
         """A real node on this data directory with the E2B SDK's env pointed at it; after it
         stopped, nothing of its instance may be left on the host."""
