@@ -30,7 +30,9 @@ from .conftest import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 WARM_POOL_SIZE = 2  # the default; the test sets it so the bound below holds
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+# Written by rename, so a reader never sees the file between truncate and write.
+COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
+           "mv /tmp/count.new /tmp/count; sleep 0.2; done")
 
 
 def _start(tmp_path: Path, label: str, instance: str, port: int,

@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 RESERVE_MIB = 128
 # A process with memory: one tick a second.
-COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 1; done"
+# (written by rename: a pause can stop the guest between a `>`'s truncate and its write)
+COUNTER = ("i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
+           "mv /tmp/counter.new /tmp/counter; sleep 1; done")
 KEPT = "/home/user/kept.txt"
 
 

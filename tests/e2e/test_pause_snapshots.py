@@ -18,7 +18,9 @@ from .conftest import NodeProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 # A process with memory: one tick a second (light enough for many VMs on a TCG host).
-COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 1; done"
+# Written by rename: a pause can stop the guest between a `>`'s truncate and its write.
+COUNTER = ("i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
+           "mv /tmp/counter.new /tmp/counter; sleep 1; done")
 RANDOM = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
 
 

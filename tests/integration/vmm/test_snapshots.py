@@ -12,8 +12,9 @@ from tests.support import envd_client
 
 pytestmark = pytest.mark.vm
 
-COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done'"
-           " >/dev/null 2>&1 &")
+# Written by rename: a snapshot can stop the guest between a `>`'s truncate and its write.
+COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
+           "mv /tmp/counter.new /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 &")
 
 
 async def _run(handle, cmd: str, token: str | None = None) -> str:
