@@ -81,6 +81,7 @@ def test_kill_9_then_restart_readopts_running_sandboxes(
         try:
             s1, s2, s3 = (Sandbox.create(timeout=600) for _ in range(3))
             counter = s1.commands.run(COUNTER, background=True, timeout=0)
+            s1.commands.run("until [ -s /tmp/count ]; do sleep 0.1; done")  # it has started
             s1.files.write("f.txt", "one")
             s2.files.write("f.txt", "two")
             _wait(lambda: _count(s1) >= 3, "the counter")
@@ -155,6 +156,7 @@ def test_a_guest_left_stopped_by_a_crashed_pause_is_adopted_and_continues(
         try:
             s = Sandbox.create(timeout=600)
             counter = s.commands.run(COUNTER, background=True, timeout=0)
+            s.commands.run("until [ -s /tmp/count ]; do sleep 0.1; done")  # it has started
             _wait(lambda: _count(s) >= 3, "the counter")
             vmm = _vmm_pid(_vm_dir(instance, s.sandbox_id))
             with pytest.raises(Exception):  # noqa: B017 (the node dies under the call)

@@ -72,6 +72,7 @@ def test_full_disk_refuses_pause_snapshot_fork_with_507_and_retries_succeed(
     try:
         sbx.files.write(KEPT, "survives a full disk")
         sbx.commands.run(COUNTER, background=True, timeout=0)
+        sbx.commands.run("until [ -s /tmp/counter ]; do sleep 0.1; done")  # it has started
         _until(lambda: sbx.files.exists("/tmp/counter"))
 
         # Full, as far as the node is concerned: less than the reserve is left.

@@ -45,6 +45,7 @@ def test_sync_pause_and_connect_keep_processes_memory_and_files(node: NodeProces
         # section 12 item 8: a background process and a file, then pause
         bg = sbx.commands.run("sleep 300", background=True, timeout=0)
         sbx.commands.run(COUNTER, background=True, timeout=0)
+        sbx.commands.run("until [ -s /tmp/counter ]; do sleep 0.1; done")  # it has started
         sbx.files.write("kept.txt", "survives pause")
         _until(lambda: sbx.files.exists("/tmp/counter"))
         before = _counter(sbx)
@@ -131,6 +132,7 @@ def test_snapshot_create_from_it_list_and_delete(node: NodeProcess) -> None:
     snaps: list[str] = []
     try:
         sbx.commands.run(COUNTER, background=True, timeout=0)
+        sbx.commands.run("until [ -s /tmp/counter ]; do sleep 0.1; done")  # it has started
         sbx.files.write("state.txt", "step10")
         first = sbx.create_snapshot()
         snaps.append(first.snapshot_id)
