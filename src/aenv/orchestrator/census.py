@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aenv.config import INSTANCE_PATTERN, Config
 from aenv.network import netns as ns
@@ -141,6 +142,20 @@ class Diff:
         return {"leaks": [asdict(x) for x in self.leaks],
                 "ghosts": [asdict(g) for g in self.ghosts]}
 
+    def split(self, earlier: Mapping[str, Any]) -> tuple[Diff, Diff]:
+        """(new, pre-existing): this diff's entries that an earlier diff (its `to_json`, as
+        `aenv census --json` prints it) did not have, and those it had. A test run compares
+        against a census taken when it started, so that what an interrupted earlier run left
+        on the host is reported, not counted as this run's leak."""
+        old_leaks = {_leak_key(x["resource"]) for x in earlier.get("leaks", [])}
+        old_ghosts = {(g["instance"], g["sandbox_id"]) for g in earlier.get("ghosts", [])}
+        new, before = Diff(), Diff()
+        for x in self.leaks:
+            (before if _leak_key(asdict(x.resource)) in old_leaks else new).leaks.append(x)
+        for g in self.ghosts:
+            (before if (g.instance, g.sandbox_id) in old_ghosts else new).ghosts.append(g)
+        return new, before
+
     def lines(self) -> list[str]:
         out = [f"leak: {x.resource.kind} {x.resource.name}"
                f"{' [' + x.resource.instance + ']' if x.resource.instance else ''}"
@@ -149,6 +164,12 @@ class Diff:
         out += [f"ghost: sandbox {g.sandbox_id} [{g.instance}] is {g.state} but {g.missing}"
                 for g in self.ghosts]  # fmt: skip
         return out
+
+
+def _leak_key(resource: Mapping[str, Any]) -> tuple[str, str, str | None, str | None]:
+    # Which resource, whatever the reason given for it (that may change between censuses);
+    # the owner too, as a process's name is a pid, which the kernel reuses.
+    return resource["kind"], resource["name"], resource.get("instance"), resource.get("owner")
 
 
 # -- the census --------------------------------------------------------------------------

@@ -95,6 +95,25 @@ def test_a_stopped_instance_with_no_records_leaks_its_database_and_directory(
     assert cm.diff(home).clean  # this host's own instance keeps them
 
 
+def test_a_baseline_splits_what_an_earlier_run_left_from_new_leaks(tmp_path: Path) -> None:
+    old = [*_vm("pool-a"), Resource("netns", f"{I}-s0", I, f"{I}-s0")]
+    earlier = cm.diff(_c(tmp_path, *old, records={"gone": S.RUNNING}))
+    # Round trip through JSON, as `aenv census --json` and `--baseline` do.
+    baseline = json.loads(json.dumps(earlier.to_json()))
+    later = cm.diff(_c(tmp_path, *old, *_vm("pool-b"), records={"gone": S.RUNNING,
+                                                                "new": S.RUNNING}))
+    new, before = later.split(baseline)
+    assert _kinds(new) == ["cgroup", "process", "process"]
+    assert {x.resource.owner for x in new.leaks} == {"pool-b"}
+    assert [g.sandbox_id for g in new.ghosts] == ["new"]
+    assert len(before.leaks) == len(earlier.leaks) and [g.sandbox_id for g in before.ghosts] == [
+        "gone"]
+    # The same resource under another reason is still the earlier one.
+    renamed = cm.Diff([cm.Leak(x.resource, "another reason") for x in earlier.leaks])
+    assert renamed.split(baseline)[0].clean
+    assert later.split({})[0].lines() == later.lines()
+
+
 def test_fork_snapshots_staging_and_strict_snapshots(tmp_path: Path) -> None:
     fork = Resource("forksnap", "fork-src-1", I, "src")
     assert cm.diff(_c(tmp_path, fork, records={"src": S.FORKING}, live=True)).leaks == []
