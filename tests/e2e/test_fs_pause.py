@@ -157,6 +157,51 @@ def test_auto_pause_without_memory_pauses_filesystem_only(node: NodeProcess) -> 
         sbx.kill()
 
 
+def test_a_filesystem_only_snapshot_keeps_the_disk_and_creates_from_it_boot(
+    node: NodeProcess,
+) -> None:
+    """`create_snapshot(mode="filesystem")`: the source keeps running with its processes;
+    the snapshot holds the disk alone; a sandbox created from it cold-boots the source's
+    files, with none of its processes or RAM (a tmpfs marker)."""
+    sbx = Sandbox.create(timeout=300)
+    child = None
+    snap_id = None
+    try:
+        _write_files(sbx, "written just before the snapshot")
+        sbx.files.write("/dev/shm/marker", "in RAM")  # tmpfs: only a memory state keeps it
+        sleeper = sbx.commands.run("sleep 600", background=True, timeout=0)
+        boot_id, digest, note = _state(sbx)
+
+        snap = sbx.create_snapshot(mode="filesystem")
+        snap_id = snap.snapshot_id
+        stored = DATA_DIR / "snapshots" / snap_id
+        assert sorted(p.name for p in stored.iterdir() if not p.name.startswith(".")) == [
+            "disk", "manifest.json"]  # no RAM file, no device state
+        assert json.loads((stored / "manifest.json").read_text())["memory"] is False
+        # The source carries on: same boot, its process, its RAM.
+        assert _state(sbx) == (boot_id, digest, note) and _sleepers(sbx) == [sleeper.pid]
+        assert sbx.files.read("/dev/shm/marker") == "in RAM"
+        assert snap_id in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+
+        child = Sandbox.create(snap_id, timeout=300, envs={"WHO": "child"}, **REBOOT)
+        assert child.sandbox_id != sbx.sandbox_id
+        new_boot_id, new_digest, new_note = _state(child)
+        assert new_boot_id != boot_id  # a cold boot
+        assert (new_digest, new_note) == (digest, note)  # the snapshot flushed the guest
+        assert _sleepers(child) == []
+        assert child.commands.run("cat /dev/shm/marker 2>/dev/null || echo gone").stdout == "gone\n"
+        assert child.commands.run("echo $WHO").stdout == "child\n"  # its own /init
+        # The two diverge: neither sees the other's writes.
+        child.files.write("/home/user/note.txt", "the child's")
+        assert sbx.files.read("/home/user/note.txt") == note
+    finally:
+        if child is not None:
+            child.kill()
+        sbx.kill()
+        if snap_id is not None:
+            Sandbox.delete_snapshot(snap_id)
+
+
 def test_a_guest_that_does_not_answer(node: NodeProcess) -> None:
     """strict: 503 and it keeps running; otherwise paused unflushed, and a reboot rescues it."""
     sbx = Sandbox.create(timeout=300)

@@ -80,7 +80,8 @@ class ResumedSandbox(_Body):
 class SandboxSnapshotRequest(_Body):
     name: StrictStr | None = None
     memory: StrictBool | None = Field(
-        None, description="false: E2B's filesystem-only snapshot; served as a full snapshot")
+        None, description="false: filesystem-only (the disk alone); a sandbox created from "
+        "it cold-boots that disk, without the source's processes or memory")
 
 
 class SandboxForkRequest(_Body):

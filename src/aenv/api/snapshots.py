@@ -32,9 +32,10 @@ async def create_snapshot(
     body: Annotated[SandboxSnapshotRequest | None, Body()] = None,
 ) -> SnapshotInfo:
     """Snapshot a running sandbox (it keeps running). `name` (optional) is given to this
-    snapshot and resolves to the newest snapshot carrying it; `memory: false` is served as a
-    full snapshot."""
-    info = await _orch(request).snapshot(sandbox_id, body.name if body else None)
+    snapshot and resolves to the newest snapshot carrying it. `memory: false` keeps the disk
+    alone (filesystem-only): a sandbox created from it cold-boots that disk."""
+    memory = body is None or body.memory is not False
+    info = await _orch(request).snapshot(sandbox_id, body.name if body else None, memory=memory)
     return SnapshotInfo(snapshotID=info.snapshot_id, names=list(info.names))
 
 

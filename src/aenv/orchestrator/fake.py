@@ -168,7 +168,7 @@ class FakeRuntime:
         return sandbox_id in self.live and sandbox_id not in self.exited
 
     async def snapshot_sandbox(
-        self, sandbox_id: str, snapshot_id: str, names: list[str]
+        self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True
     ) -> SnapshotInfo:
         h = self.live[sandbox_id]
         info = SnapshotInfo(

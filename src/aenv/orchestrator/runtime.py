@@ -493,11 +493,18 @@ class Runtime:
                        checksums: bool = True) -> None:
         """Clone a running machine into the snapshot repository. The VM is stopped only
         while its device state is saved and its files are cloned. Chunk checksums (not for
-        a transient snapshot) are computed later, in the background."""
+        a transient snapshot) are computed later, in the background. A filesystem-only
+        manifest (`memory` false) takes the disk alone, after the guest flushed it."""
         m = self._machines[name]
         state = m.workdir / "state"
+        if not manifest.memory:
+            await self._flush_guest(m, strict=False)
         try:
-            await self._save(m, state)
+            if manifest.memory:
+                await self._save(m, state)
+            else:
+                await m.vm.pause()  # stop vCPUs: nothing more reaches the disk
+                await asyncio.to_thread(fsync_path, m.workdir / "disk")
             await asyncio.to_thread(
                 self.snapshots.put, manifest,
                 {"state": state, "memory": m.workdir / "memory", "disk": m.workdir / "disk"},
@@ -654,6 +661,25 @@ class Runtime:
         log.debug("reboot %s: boot+init=%.1fms", name, (time.perf_counter() - t0) * 1e3)
         return self.handle(name, m.template_id)
 
+    async def _boot_snapshot(self, name: str, snapshot_id: str) -> Machine:
+        """A new VM from a filesystem-only snapshot: a clone of its disk, cold-booted with
+        the kernel, tools drive, command line and shape it was taken with."""
+        man = self._manifest(snapshot_id)
+        src = self.snapshots.path(snapshot_id)
+        try:
+            check_restorable(src, man)
+        except SnapshotUnusable as e:
+            raise UnusableSnapshot(f"cannot boot: {e}") from e
+        slot, workdir = await self._prepare(name)
+        try:
+            await asyncio.to_thread(clone, src / "disk", workdir / "disk")
+        except BaseException:
+            await self._release(slot, workdir)
+            raise
+        return await self._boot_disk(name, man.template, slot, workdir, man.shape,
+                                     Path(man.kernel), Path(man.tools), man.cmdline,
+                                     keep_dir=False)  # fmt: skip
+
     async def fork(self, name: str, children: list[tuple[str, AgentInit]]
                    ) -> list[SandboxHandle | BaseException]:
         """Snapshot `name` (it keeps running) and restore one child per entry, each with
@@ -683,10 +709,11 @@ class Runtime:
                 await asyncio.to_thread(self.snapshots.delete, snap_id)
         return list(results)
 
-    async def snapshot_sandbox(self, name: str, snapshot_id: str,
-                               names: list[str]) -> SnapshotInfo:
+    async def snapshot_sandbox(self, name: str, snapshot_id: str, names: list[str], *,
+                               memory: bool = True) -> SnapshotInfo:
         m = self._machines[name]
         man = self._manifest_of(m, snapshot_id, parent=name, names=names)
+        man.memory = memory
         await self.snapshot(name, man)
         return _snapshot_info(man)
 
@@ -854,7 +881,10 @@ class Runtime:
     async def _create_from(self, sandbox_id: str, snapshot_id: str, init: AgentInit
                            ) -> SandboxHandle:
         try:
-            m = await self.restore(sandbox_id, snapshot_id)
+            if self._manifest(snapshot_id).memory:
+                m = await self.restore(sandbox_id, snapshot_id)
+            else:
+                m = await self._boot_snapshot(sandbox_id, snapshot_id)
             fault("create.before_init")
             await self.push_init(m, init)
         except VmmError as e:

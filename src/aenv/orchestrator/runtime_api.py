@@ -161,9 +161,10 @@ class Runtime(Protocol):
         """This runtime runs a VMM for the sandbox."""
 
     async def snapshot_sandbox(
-        self, sandbox_id: str, snapshot_id: str, names: list[str]
+        self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True
     ) -> SnapshotInfo:
-        """Clone a running sandbox into a new snapshot; the sandbox keeps running."""
+        """Clone a running sandbox into a new snapshot; the sandbox keeps running.
+        `memory=False`: filesystem-only (the disk alone); creates from it cold-boot."""
 
     def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
         """One user snapshot; raise TemplateNotFound."""

@@ -649,9 +649,11 @@ class Orchestrator:
                                 f"{what} needs a running sandbox", actual=str(rec.state))
         return rec
 
-    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+    async def snapshot(self, sandbox_id: str, name: str | None = None, *,
+                       memory: bool = True) -> SnapshotInfo:
         """Running -> Snapshotting -> Running: clone the sandbox into a new snapshot, usable
-        as a templateID. The sandbox keeps running (it stops only while its state is saved)."""
+        as a templateID. The sandbox keeps running (it stops only while its state is saved).
+        `memory=False`: filesystem-only, the disk alone; a create from it cold-boots."""
         names = snaps.check_name(name)
         async with self._locks.hold(sandbox_id):
             rec = self._running_for(sandbox_id, "a snapshot")
@@ -662,7 +664,8 @@ class Orchestrator:
             t0 = time.perf_counter()
             try:
                 async with stage("snapshot", "runtime_snapshot", sandbox_id):
-                    info = await self.runtime.snapshot_sandbox(sandbox_id, snap_id, names)
+                    info = await self.runtime.snapshot_sandbox(sandbox_id, snap_id, names,
+                                                               memory=memory)
             except BaseException:
                 OPS_TOTAL.labels("snapshot", "error").inc()
                 raise
@@ -671,6 +674,7 @@ class Orchestrator:
                 self.store.transition(sandbox_id, [S.SNAPSHOTTING], S.RUNNING, self.now_us())
         OPS_TOTAL.labels("snapshot", "ok").inc()
         log_event(log, "snapshot.created", sandbox_id=sandbox_id, snapshot_id=snap_id,
+                  mode="full" if memory else "filesystem",
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return info
 

@@ -1,5 +1,6 @@
 """Snapshot repository: device state + RAM file + disk file + a JSON manifest, stored by
-reflink under the snapshot id. Templates are named snapshots.
+reflink under the snapshot id. Templates are named snapshots. A filesystem-only snapshot
+(`Manifest.memory` false) holds the disk alone: a VM made from it cold-boots that disk.
 
 A snapshot directory becomes visible only by an atomic rename of a complete, fsynced
 staging directory, so a crash never leaves a half-written snapshot listed.
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 FILES = ("state", "memory", "disk")
+DISK_ONLY = ("disk",)  # a filesystem-only snapshot's files
 CHECKSUMS_FILE = "checksums.json"
 CORRUPT_FILE = "corrupt"  # {"reason", "at"}: the snapshot must not be restored
 # A temporary file of an interrupted atomic write older than this is garbage (a live
@@ -74,6 +76,13 @@ class Manifest:
     # The chunk-checksum record beside the files, computed in the background; None where
     # nothing is checked (a fork's transient snapshot, a paused sandbox's own files).
     checksums: str | None = None
+    # False: filesystem-only, the disk alone (no RAM, no device state); a VM made from it
+    # cold-boots the disk with this kernel, tools drive and command line.
+    memory: bool = True
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return FILES if self.memory else DISK_ONLY
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
@@ -88,6 +97,9 @@ class Manifest:
         d["shape"] = MachineShape.model_validate(d["shape"])
         # Written before checksums existed: the background worker computes its record.
         d.setdefault("checksums", CHECKSUMS_FILE)
+        d.setdefault("memory", True)  # written before filesystem-only snapshots existed
+        if not isinstance(d["memory"], bool):
+            raise SnapshotCorrupt(f"unexpected memory flag {d['memory']!r}")
         if d["checksums"] not in (None, CHECKSUMS_FILE):
             raise SnapshotCorrupt(f"unexpected checksum record name {d['checksums']!r}")
         return cls(**d)  # type: ignore[arg-type]
@@ -153,9 +165,10 @@ class SnapshotStore:
 
     def put(self, manifest: Manifest, sources: dict[str, Path], *, checksums: bool = True
             ) -> Path:
-        """Clone `sources` (state, memory, disk) into a new snapshot; return its dir.
-        The state file is hashed here (cheap); with `checksums`, the snapshot is queued for
-        its chunk checksums, computed later off this path."""
+        """Clone `sources` (`manifest.files`: state, memory, disk; or the disk alone) into a
+        new snapshot; return its dir. The state file is hashed here (cheap); with
+        `checksums`, the snapshot is queued for its chunk checksums, computed later off this
+        path."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(manifest.snapshot_id)
         stage = self.root / f".tmp-{manifest.snapshot_id}"
@@ -165,12 +178,13 @@ class SnapshotStore:
         lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            for name in FILES:
+            for name in manifest.files:
                 dst = stage / name
                 clone(sources[name], dst)
                 fsync_path(dst)
                 dst.chmod(0o444)  # shared artifacts: root-owned, read-only for jails
-            manifest.state_sha256 = checksums_mod.sha256_file(stage / "state")
+            manifest.state_sha256 = (checksums_mod.sha256_file(stage / "state")
+                                     if manifest.memory else None)  # fmt: skip
             manifest.checksums = CHECKSUMS_FILE if checksums else None
             manifest.created_at = manifest.created_at or now_rfc3339()
             write_json_atomic(stage / "manifest.json", manifest.to_json())
@@ -195,7 +209,7 @@ class SnapshotStore:
             raise SnapshotNotFound(snapshot_id) from None
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise SnapshotCorrupt(f"{snapshot_id}: bad manifest: {e}") from e
-        for name in FILES:
+        for name in m.files:
             if not (self.path(snapshot_id) / name).is_file():
                 raise SnapshotCorrupt(f"{snapshot_id}: missing {name}")
         return m
@@ -274,12 +288,12 @@ class SnapshotStore:
             return False
         assert man.checksums is not None
         try:
-            backfill = man.state_sha256 is None
+            backfill = man.memory and man.state_sha256 is None
             if backfill:
                 man.state_sha256 = checksums_mod.sha256_file(d / "state")
             if not (d / man.checksums).exists():
                 files = {name: checksums_mod.file_sums(d / name, pacer=pacer)
-                         for name in FILES}
+                         for name in man.files}
                 checksums_mod.write_record(d / man.checksums, checksums_mod.ChecksumRecord(
                     snapshot_id=snapshot_id, created_at=now_rfc3339(), files=files))
             if backfill:
@@ -291,7 +305,8 @@ class SnapshotStore:
     def _wants_checksums(self, snapshot_id: str, man: Manifest) -> bool:
         """A checked snapshot lacking its record or (stored before them) its state hash."""
         return man.checksums is not None and (
-            man.state_sha256 is None or not (self.path(snapshot_id) / man.checksums).exists())
+            (man.memory and man.state_sha256 is None)
+            or not (self.path(snapshot_id) / man.checksums).exists())
 
     def verify(self, snapshot_id: str,
                pacer: checksums_mod.Pacer | None = None) -> Verification:
@@ -307,7 +322,8 @@ class SnapshotStore:
             return Verification(snapshot_id, "unverified", "no checksums kept for it")
         problems: list[str] = []
         try:
-            if man.state_sha256 not in (None, checksums_mod.sha256_file(d / "state")):
+            if man.state_sha256 is not None and (
+                    man.state_sha256 != checksums_mod.sha256_file(d / "state")):
                 problems.append("state: sha256 is not the manifest's")
             try:
                 rec = checksums_mod.read_record(d / man.checksums)
@@ -315,7 +331,7 @@ class SnapshotStore:
                 problems.append(f"checksum record unreadable: {e}")
             else:
                 if rec is not None:
-                    problems += _chunk_problems(d, rec, pacer)
+                    problems += _chunk_problems(d, man.files, rec, pacer)
                 elif not problems:
                     return Verification(snapshot_id, "unverified", "no checksum record yet")
         except FileNotFoundError:
@@ -328,10 +344,11 @@ class SnapshotStore:
         return Verification(snapshot_id, "corrupt", reason)
 
 
-def _chunk_problems(directory: Path, rec: checksums_mod.ChecksumRecord,
+def _chunk_problems(directory: Path, files: tuple[str, ...],
+                    rec: checksums_mod.ChecksumRecord,
                     pacer: checksums_mod.Pacer | None) -> list[str]:
     out = []
-    for name in FILES:
+    for name in files:
         sums = rec.files.get(name)
         if sums is None:
             out.append(f"{name}: not in the checksum record")

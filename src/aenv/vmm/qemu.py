@@ -209,7 +209,9 @@ class QemuDriver(Driver):
     def _kvm_boots(self) -> bool:
         """Boot the guest kernel under KVM with no root disk: a usable KVM reaches the
         kernel's 'VFS: Unable to mount root' panic well inside the deadline. The answer is
-        cached per host kernel + guest kernel."""
+        cached per host kernel + guest kernel. The one QEMU outside a jail (it must open
+        /dev/kvm before any slot exists): it runs our own kernel with no disk and no network,
+        and still with no capabilities, no_new_privs and QEMU's seccomp filter."""
         if self.probe_kernel is None or not self.probe_kernel.exists():
             log.info("no guest kernel to run the KVM boot probe with yet")
             return False
@@ -220,22 +222,28 @@ class QemuDriver(Driver):
             data = json.loads(cache.read_text())
             if data.get("key") == key:
                 return bool(data["ok"])
-        argv = [self.binary, "-M", "microvm,accel=kvm", "-cpu", "host", "-m", "128",
-                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-                "-serial", "stdio", "-kernel", str(self.probe_kernel),
-                "-append", "console=ttyS0 panic=-1 reboot=t"]
-        ok = False
         t0 = time.monotonic()
-        try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=KVM_PROBE_DEADLINE)
-            ok = "Unable to mount root" in r.stdout or "Kernel panic" in r.stdout
-        except subprocess.TimeoutExpired:
-            ok = False
+        ok = self.probe_boots(Accel.KVM, self.probe_kernel)
         log.info("KVM boot probe: %s in %.1fs", "ok" if ok else "failed", time.monotonic() - t0)
         if cache:
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps({"key": key, "ok": ok}))
         return ok
+
+    def probe_boots(self, accel: Accel, kernel: Path) -> bool:
+        """The boot probe: `kernel` reaches its no-root-disk panic under `accel`."""
+        argv = ["setpriv", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
+                "--ambient-caps=-all", "--",
+                self.binary, "-M", f"microvm,accel={accel.value}",
+                "-cpu", "host" if accel is Accel.KVM else "max", "-m", "128",
+                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                "-sandbox", SANDBOX_OPTS, "-serial", "stdio", "-kernel", str(kernel),
+                "-append", "console=ttyS0 panic=-1 reboot=t"]  # fmt: skip
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=KVM_PROBE_DEADLINE)
+        except subprocess.TimeoutExpired:
+            return False
+        return "Unable to mount root" in r.stdout or "Kernel panic" in r.stdout
 
     def argv(self, spec: VmSpec, *, incoming: bool, tap_fd: int | None = None) -> list[str]:
         accel = self.accel()

@@ -10,7 +10,7 @@ import pytest
 from aenv.orchestrator.builder import BuildError, kernel_path
 from aenv.orchestrator.runtime_api import AgentInit, TemplateNotFound
 from aenv.storage.templates import Template
-from aenv.vmm.base import VmmError
+from aenv.vmm.base import Accel, VmmError
 from aenv.vmm.qemu import QemuDriver
 
 pytestmark = pytest.mark.vm
@@ -27,6 +27,17 @@ def test_forced_kvm_that_does_not_work_is_an_error(runtime, tmp_path):
 def test_auto_accel_falls_back_to_tcg_here(runtime):
     assert runtime.accel() in ("tcg", "kvm")
     assert QemuDriver(accel="tcg").accel().value == "tcg"
+
+
+def test_the_kvm_boot_probe_command_boots_the_kernel(runtime):
+    """The probe's exact command line (no capabilities, no_new_privs, QEMU's seccomp) under
+    TCG: a command line broken for every accelerator would make a KVM host fall back to TCG
+    without a word, so check it reaches the kernel's no-root-disk panic where TCG runs."""
+    kernel = runtime.driver.probe_kernel
+    assert kernel is not None and kernel.exists()
+    drv = QemuDriver(accel="tcg")
+    assert drv.probe_boots(Accel.TCG, kernel) is True
+    assert drv.probe_boots(Accel.TCG, kernel.parent / "no-such-kernel") is False
 
 
 def test_missing_kernel_is_a_clear_error(cfg, tmp_path):

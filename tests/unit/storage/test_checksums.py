@@ -186,6 +186,29 @@ def test_a_byte_written_into_a_hole_is_found(store: SnapshotStore, sources) -> N
     assert "disk: chunk 3" in store.verify(sid).detail
 
 
+def test_a_filesystem_only_snapshot_holds_and_checks_the_disk_alone(
+        store: SnapshotStore, sources) -> None:
+    man = _manifest("snap-fs")
+    man.memory = False
+    store.put(man, {"disk": sources["disk"]})  # no state or RAM file to take
+    d = store.path("snap-fs")
+    assert sorted(p.name for p in d.iterdir()) == ["disk", "manifest.json"]
+    got = store.get("snap-fs")
+    assert got.memory is False and got.files == ("disk",) and got.state_sha256 is None
+    check_restorable(d, got)
+    assert store.compute_checksums("snap-fs") is True
+    assert set(checksums.read_record(d / CHECKSUMS_FILE).files) == {"disk"}  # type: ignore[union-attr]
+    assert store.verify("snap-fs").status == "ok"
+    _flip(store.file("snap-fs", "disk"), 9 * MIB + 10)
+    assert "disk: chunk 2" in store.verify("snap-fs").detail
+    with pytest.raises(SnapshotUnusable, match="marked corrupt"):
+        check_restorable(d, got)
+    # A full snapshot's manifest from before the flag existed reads as a full one.
+    old = json.loads((store.path(_put(store, sources)) / "manifest.json").read_text())
+    del old["memory"]
+    assert Manifest.from_json(old).memory is True
+
+
 def test_tampered_state_is_refused_at_restore(store: SnapshotStore, sources) -> None:
     sid = _put(store, sources)
     man = store.get(sid)
