@@ -58,6 +58,18 @@ async def main(n: int) -> None:
             res.setdefault("snapshot (running sandbox)", []).append(
                 await timed(rt.snapshot_sandbox(sid, snap, [])))
             rt.delete_snapshot(snap)
+        # Filesystem-only: the disk alone (after a guest sync); a create from it cold-boots.
+        fs_snaps = ["bench-fsnap-" + uuid.uuid4().hex[:8] for _ in range(n)]
+        for snap in fs_snaps:
+            res.setdefault("snapshot, filesystem-only", []).append(
+                await timed(rt.snapshot_sandbox(sid, snap, [], memory=False)))
+        for _ in range(max(1, n // 4)):  # a cold boot takes seconds under TCG
+            c = "bench" + uuid.uuid4().hex[:8]
+            res.setdefault("create from it (cold boot + /init)", []).append(
+                await timed(rt.create(c, fs_snaps[0], AgentInit())))
+            await rt.destroy(c)
+        for snap in fs_snaps:
+            rt.delete_snapshot(snap)
         for _ in range(n):
             c = "bench" + uuid.uuid4().hex[:8]
             res.setdefault("create from template", []).append(

@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 source scripts/phases.sh
 PY=.venv/bin/python
 # pytest exits 5 when a directory holds no test yet; that is not a failure of the suite.
-pyt() { "$PY" -m pytest -q -p no:cacheprovider "$@"; local rc=$?; ((rc == 5)) && rc=0; return $rc; }
+# The ten slowest tests of each phase are listed (where CI time goes).
+pyt() { "$PY" -m pytest -q -p no:cacheprovider --durations=10 "$@"; local rc=$?; ((rc == 5)) && rc=0; return $rc; }
 
 # What an earlier run that was killed part-way left on this host (a shared CI machine):
 # reported by the leak check at the end, not counted against this run.
