@@ -201,6 +201,11 @@ class Runtime:
         self._machines.clear()
         await self.slots.close_async()
 
+    async def settle_pool(self) -> None:
+        """Wait for the warm pool's spawns in flight: the next restore of its machine key
+        then takes a pooled QEMU (reclaim; benchmarks that must not measure QEMU start-up)."""
+        await self._pool.settle()
+
     async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         """Reclaim what an earlier node process left behind, in the fixed order of
         `reclaim.STEPS` (processes, cgroups, network, mounts, files): everything of this
@@ -208,7 +213,7 @@ class Runtime:
         slots, and the directories of the sandboxes named in `keep`."""
         # The pool starts filling in start(): let its spawns finish so they count as live.
         t0 = time.perf_counter()
-        await self._pool.settle()
+        await self.settle_pool()
         live = {m.jail for m in self._machines.values()} | self._pool.names()
         done = await asyncio.to_thread(
             reclaim_mod.reclaim, self.cfg, self.snapshots, live_vms=live,
