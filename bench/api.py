@@ -6,7 +6,10 @@ port) on the node's data dir and times, at the client (httpx, keep-alive):
 
 - pause (`POST /sandboxes/{id}/pause`) and resume (`POST /v2/sandboxes/{id}/connect` of the
   paused sandbox, 201), alternating on one sandbox;
-- create from the template and from a snapshot (`POST /v2/sandboxes`);
+- create from the template and from a snapshot (`POST /v2/sandboxes`), both restores (this
+  node has no primed pool);
+- create from the template on a second node with a primed pool (`AENV_PRIMED_POOL_SIZE=1`),
+  each create once its primed VM is ready (`aenv_pooled_vms` on `/metrics`);
 - snapshot of a running sandbox (`POST /sandboxes/{id}/snapshots`);
 - fork x1, x4, x16 (`POST /sandboxes/{id}/fork`, whole call);
 
@@ -31,12 +34,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx
 from node import Node, pct  # bench/node.py: the server launcher
 
 from aenv import config as config_mod
 from aenv.orchestrator.runtime import Runtime
 from aenv.orchestrator.runtime_api import AgentInit
 
+PRIMED = re.compile(r'^aenv_pooled_vms\{kind="primed_pool"\} [1-9]', re.M)
 STAGE = re.compile(r"event=stage op=(\w+) stage=(\w+) .*ms=([\d.]+) outcome=ok")
 
 
@@ -44,6 +49,33 @@ def timed(fn):  # type: ignore[no-untyped-def]
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+def _create(c: httpx.Client, template: str) -> tuple[float, str]:
+    dt, r = timed(lambda: c.post("/v2/sandboxes", json={"templateID": template, "timeout": 600}))
+    if r.status_code >= 300:
+        raise SystemExit(f"create: {r.status_code} {r.text}")
+    return dt, r.json()["sandboxID"]
+
+
+def primed_bench(n: int, res: dict[str, list[float]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        node = Node(Path(tmp) / "server.log", AENV_PRIMED_POOL_SIZE="1")
+        node.start()
+        try:
+            with node.api() as c:
+                for i in range(n + 1):  # the first one is a warm-up
+                    deadline = time.monotonic() + 120
+                    while PRIMED.search(c.get("/metrics").text) is None:
+                        if time.monotonic() > deadline:
+                            raise SystemExit("no primed VM became ready in 120 s")
+                        time.sleep(0.1)
+                    dt, sid = _create(c, "base")
+                    if i:
+                        res["create from template, primed VM ready"].append(dt)
+                    c.delete(f"/sandboxes/{sid}")
+        finally:
+            node.stop()
 
 
 def api_bench(node: Node, n: int, res: dict[str, list[float]]) -> str:
@@ -55,9 +87,7 @@ def api_bench(node: Node, n: int, res: dict[str, list[float]]) -> str:
             return r
 
         def create(template: str) -> tuple[float, str]:
-            dt, r = timed(lambda: ok(c.post("/v2/sandboxes",
-                                            json={"templateID": template, "timeout": 600})))
-            return dt, r.json()["sandboxID"]
+            return _create(c, template)
 
         # warm-up: the first create pays imports and a cold pool
         _, sid = create("base")
@@ -106,7 +136,7 @@ def api_bench(node: Node, n: int, res: dict[str, list[float]]) -> str:
 
 
 async def raw_bench(n: int, snapshot: str, res: dict[str, list[float]]) -> None:
-    cfg = config_mod.load(instance="r" + os.urandom(3).hex())
+    cfg = config_mod.load(instance="r" + os.urandom(3).hex(), primed_pool_size=0)
     rt = Runtime(cfg)
     await rt.start()
     try:
@@ -143,7 +173,7 @@ def main() -> None:
     res: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "server.log"
-        node = Node(log)
+        node = Node(log, AENV_PRIMED_POOL_SIZE="0")
         node.start()
         try:
             snap = api_bench(node, args.n, res)
@@ -153,6 +183,7 @@ def main() -> None:
         finally:
             node.stop()
         inner = stages(log)
+    primed_bench(args.n, res)
     w = max(map(len, [*res, *inner])) + 2
     print(f"\n{'operation (TCG; client-side, HTTP API)'.ljust(w)}  {'p50 ms':>8}  {'p95 ms':>8}  n")
     for k, xs in res.items():

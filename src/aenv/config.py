@@ -65,6 +65,10 @@ class Config(BaseModel):
     # Pre-spawned QEMUs waiting for an incoming restore, for the default template's shape:
     # a create or resume then skips QEMU start-up. 0 disables the pool.
     warm_pool_size: int = Field(2, ge=0, le=64)
+    # Default-template VMs restored and run until their agent answered, then stopped: a
+    # create from the default template continues one (under TCG: no restore, no first-
+    # request translation). Each holds its touched guest RAM. 0 disables it.
+    primed_pool_size: int = Field(1, ge=0, le=64)
     max_sandboxes: int = 64
     max_concurrent_boots: int = 4
     # SIGTERM: "kill" ends every running sandbox; "pause" pauses them (resumable after a
@@ -148,6 +152,7 @@ _SIMPLE_ENV = {
     "DEFAULT_TEMPLATE": "default_template",
     "MAX_SANDBOXES": "max_sandboxes",
     "WARM_POOL_SIZE": "warm_pool_size",
+    "PRIMED_POOL_SIZE": "primed_pool_size",
     "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",
     "ON_SHUTDOWN": "on_shutdown",
     "DISK_RESERVE_MIB": "disk_reserve_mib",

@@ -135,6 +135,7 @@ def _node(tmp_path_factory: pytest.TempPathFactory, name: str, **env: str) -> No
         "AENV_PORT": str(port),
         "AENV_LOG_LEVEL": "info",
         "AENV_TTL_SWEEP_INTERVAL_S": "0.25",
+        "AENV_PRIMED_POOL_SIZE": "0",  # as in the e2e nodes (tests/e2e/conftest.py)
         **env,
     }
     return Node(port=port, log=tmp / "server.log", home=home, server_env=server_env)

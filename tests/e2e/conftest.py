@@ -75,6 +75,9 @@ class NodeProcess(ServerProcess):
             "AENV_PORT": str(self.port),
             "AENV_LOG_LEVEL": os.environ.get("AENV_E2E_LOG_LEVEL", "debug"),
             "AENV_TTL_SWEEP_INTERVAL_S": "0.25",
+            # Off but in test_primed.py: a primed VM would serve every create of `base`,
+            # refill (CPU) after each, and add to the VMs the tests count.
+            "AENV_PRIMED_POOL_SIZE": "0",
             **self.extra_env,
         }
         out = self.log.open("ab")

@@ -33,7 +33,9 @@ PROXY_REQUESTS = Counter(
     "aenv_proxy_requests_total", "Data-plane requests by outcome", ["outcome"]
 )
 PROXY_OPEN = Gauge("aenv_proxy_open_streams", "Data-plane responses currently streaming")
-# kind: "sandbox" (the sandbox is then removed) or "warm_pool" (the pool replaces the VMM).
+POOLED_VMS = Gauge("aenv_pooled_vms", "Ready VMs in a pool (pools.py)", ["kind"])
+# kind: "sandbox" (the sandbox is then removed), "warm_pool" or "primed_pool" (the pool
+# replaces the VMM).
 VMM_EXITS = Counter(
     "aenv_vmm_unexpected_exits_total",
     "VMM processes that ended without the node ending them (crash, OOM kill, kill by hand, "

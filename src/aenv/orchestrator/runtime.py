@@ -33,6 +33,7 @@ from aenv.orchestrator import adoption, agent_replies, guest_flush
 from aenv.orchestrator import reclaim as reclaim_mod
 from aenv.orchestrator.agent_replies import GuestReplyError
 from aenv.orchestrator.obs import VMM_EXITS, log_event
+from aenv.orchestrator.pools import VmPool
 from aenv.orchestrator.runtime_api import (
     AGENT_PORT,
     AgentInit,
@@ -84,6 +85,7 @@ GUEST_CHECK_TIMEOUT = 5.0
 PAUSE_MARKER = "pause.json"
 # A warm-pool VMM that died on its own is replaced this much later (not in a tight loop).
 POOL_RESPAWN_DELAY_S = 1.0
+POOL_PREFIX = "pool-"  # VMs a node holds without a record (census.UNRECORDED_VMS)
 
 
 class BootError(RuntimeError_):
@@ -171,7 +173,12 @@ class Runtime:
             prefix=f"{cfg.instance}-",
         )
         self._machines: dict[str, Machine] = {}
-        self._pool = WarmPool(self, cfg.warm_pool_size)
+        # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
+        # and default-template VMs primed for a create.
+        self._pool: VmPool[tuple[object, ...]] = VmPool(
+            "warm_pool", cfg.warm_pool_size, self._spawn_incoming, self._destroy, self._watch)
+        self._primed: VmPool[str] = VmPool(
+            "primed_pool", cfg.primed_pool_size, self.prime, self._destroy, self._watch)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
 
     # -- lifecycle of the runtime itself ------------------------------------------------
@@ -191,20 +198,24 @@ class Runtime:
         try:
             tpl = self.catalog.get(self.cfg.default_template)
             self._pool.configure(self._pool_key(self.snapshots.get(tpl.snapshot_id)))
+            self._primed.configure(tpl.snapshot_id)
         except (TemplateMissing, SnapshotNotFound, SnapshotCorrupt):
             pass  # no default template yet (before `aenv setup`): no pool
         log.info("runtime ready: driver=%s accel=%s", self.driver.name, self.driver.accel())
 
     async def close(self) -> None:
+        await self._primed.close()
         await self._pool.close()
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
         self._machines.clear()
         await self.slots.close_async()
 
     async def settle_pool(self) -> None:
-        """Wait for the warm pool's spawns in flight: the next restore of its machine key
-        then takes a pooled QEMU (reclaim; benchmarks that must not measure QEMU start-up)."""
+        """Wait for the pools' VMs in the making: the next restore of the default shape
+        then takes a pooled QEMU, the next create of the default template a primed VM
+        (reclaim; benchmarks that must not measure QEMU start-up)."""
         await self._pool.settle()
+        await self._primed.settle()
 
     async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         """Reclaim what an earlier node process left behind, in the fixed order of
@@ -214,7 +225,8 @@ class Runtime:
         # The pool starts filling in start(): let its spawns finish so they count as live.
         t0 = time.perf_counter()
         await self.settle_pool()
-        live = {m.jail for m in self._machines.values()} | self._pool.names()
+        live = ({m.jail for m in self._machines.values()} | self._pool.names()
+                | self._primed.names())
         done = await asyncio.to_thread(
             reclaim_mod.reclaim, self.cfg, self.snapshots, live_vms=live,
             keep_dirs=set(keep) | set(self._machines) | live, keep_slots=self.slots.owned(),
@@ -666,6 +678,74 @@ class Runtime:
         log.debug("reboot %s: boot+init=%.1fms", name, (time.perf_counter() - t0) * 1e3)
         return self.handle(name, m.template_id)
 
+    async def _spawn_incoming(self, key: tuple[object, ...]) -> Machine:
+        """One `-incoming defer` QEMU for a machine key with its slot and sparse, empty RAM
+        and disk files (the warm pool's VMs)."""
+        shape, kernel, tools, cmdline = key
+        assert isinstance(shape, MachineShape)
+        name = f"{POOL_PREFIX}{secrets.token_hex(4)}"
+        slot, workdir = await self._prepare(name)
+        spec = self._spec(slot, workdir, shape, Path(str(kernel)), Path(str(tools)),
+                          str(cmdline))
+        try:
+            for f, size in (("memory", shape.memory_mib), ("disk", shape.disk_mib)):
+                with open(workdir / f, "wb") as fh:
+                    fh.truncate(size << 20)
+                self._own(workdir / f, slot.tap_uid)
+            vm = await self.driver.spawn(spec, incoming=True)
+        except BaseException:
+            await self._release(slot, workdir)
+            raise
+        return Machine(name, vm, slot, workdir, "", jail=name)
+
+    async def prime(self, snapshot_id: str) -> Machine:
+        """A VM restored from `snapshot_id`, run until its agent has answered `/health` and
+        an identity-less `/init` (clock and entropy only), then stopped: the primed pool's.
+        Under TCG the first requests after a restore pay for translating the guest code
+        they run (`bench/snapshots.py --first-request`); a primed VM has paid already. It
+        has run nothing but the template's agent; the sandbox's own `/init` reseeds it."""
+        man = self._manifest(snapshot_id)
+        src = self.snapshots.path(snapshot_id)
+        check_restorable(src, man)
+        m = await self._spawn_incoming(self._pool_key(man))
+        try:
+            for f in ("memory", "disk"):
+                await asyncio.to_thread(clone, src / f, m.workdir / f)
+            await m.vm.restore(src / "state")
+            await m.vm.resume()
+            url = m.slot.url(AGENT_PORT)
+            warm_init = {"timestamp": now_rfc3339(),
+                         "aenvEntropy": base64.b64encode(secrets.token_bytes(64)).decode()}
+            for method, path, body in (("GET", "/health", None), ("POST", "/init", warm_init)):
+                r = await agent_replies.request(m.http, method, url + path, json=body,
+                                                deadline_s=AGENT_BOOT_TIMEOUT)
+                if r.status >= 300:
+                    raise BootError(f"agent {path} answered {r.status}: {r.snippet()}")
+            await m.vm.pause()
+        except BaseException:
+            await self._destroy(m)
+            raise
+        m.template_id = man.template
+        return m
+
+    async def _continue_primed(self, name: str, primed: Machine) -> Machine:
+        """Make a primed VM sandbox `name`: its directory is reached through a symlink
+        named after the sandbox (as a warm restore's is), and its vCPUs continue."""
+        final = self.cfg.sandboxes_dir / name
+        try:
+            await asyncio.to_thread(remove_tree, final)
+            final.symlink_to(primed.workdir.name)
+        except BaseException:
+            await self._destroy(primed)
+            raise
+        m = Machine(name, primed.vm, primed.slot, final, primed.template_id, jail=primed.jail,
+                    http=primed.http)
+        self._register(m)
+        fault("create.before_restore")
+        await m.vm.resume()
+        log.debug("create %s: primed VM %s continued", name, primed.name)
+        return m
+
     async def _boot_snapshot(self, name: str, snapshot_id: str) -> Machine:
         """A new VM from a filesystem-only snapshot: a clone of its disk, cold-booted with
         the kernel, tools drive, command line and shape it was taken with."""
@@ -886,7 +966,10 @@ class Runtime:
     async def _create_from(self, sandbox_id: str, snapshot_id: str, init: AgentInit
                            ) -> SandboxHandle:
         try:
-            if self._manifest(snapshot_id).memory:
+            primed = self._primed.take(snapshot_id)
+            if primed is not None:
+                m = await self._continue_primed(sandbox_id, primed)
+            elif self._manifest(snapshot_id).memory:
                 m = await self.restore(sandbox_id, snapshot_id)
             else:
                 m = await self._boot_snapshot(sandbox_id, snapshot_id)
@@ -936,105 +1019,3 @@ def _snapshot_info(man: Manifest) -> SnapshotInfo:
         template=man.template, created_at=man.created_at, shape=man.shape,
     )
 
-
-class WarmPool:
-    """Pre-spawned `-incoming defer` QEMUs, each with its slot and (sparse, empty) RAM and
-    disk files, for one machine key (the default template's): a restore then costs the
-    clone and the device-state load, not QEMU start-up. Refilled in the background."""
-
-    def __init__(self, rt: Runtime, size: int) -> None:
-        self.rt = rt
-        self.size = size
-        self.key: tuple[object, ...] | None = None
-        self._ready: list[Machine] = []
-        self._spawning = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._drops: set[asyncio.Task[None]] = set()  # releasing VMMs that died in the pool
-        self._closed = False
-
-    def configure(self, key: tuple[object, ...]) -> None:
-        self.key = key
-        self._refill()
-
-    def names(self) -> set[str]:
-        return {m.name for m in self._ready}
-
-    def __len__(self) -> int:
-        return len(self._ready)
-
-    def take(self, key: tuple[object, ...]) -> Machine | None:
-        if key != self.key or not self._ready:
-            return None
-        m = self._ready.pop(0)
-        if m.watcher is not None:
-            m.watcher.cancel()  # the sandbox it becomes is watched from its restore on
-        self._refill()
-        return m
-
-    def _refill(self) -> None:
-        if self._closed or self.key is None:
-            return
-        while len(self._ready) + self._spawning < self.size:
-            self._spawning += 1
-            t = asyncio.get_running_loop().create_task(self._spawn(self.key))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
-
-    async def _spawn(self, key: tuple[object, ...]) -> None:
-        shape, kernel, tools, cmdline = key
-        assert isinstance(shape, MachineShape)
-        name = f"pool-{secrets.token_hex(4)}"
-        try:
-            slot, workdir = await self.rt._prepare(name)
-            spec = self.rt._spec(slot, workdir, shape, Path(str(kernel)), Path(str(tools)),
-                                 str(cmdline))
-            try:
-                for f, size in (("memory", shape.memory_mib), ("disk", shape.disk_mib)):
-                    with open(workdir / f, "wb") as fh:
-                        fh.truncate(size << 20)
-                    self.rt._own(workdir / f, slot.tap_uid)
-                vm = await self.rt.driver.spawn(spec, incoming=True)
-            except BaseException:
-                await self.rt._release(slot, workdir)
-                raise
-            m = Machine(name, vm, slot, workdir, "", jail=name)
-            if self._closed or key != self.key:
-                await self.rt._destroy(m)
-            else:
-                self._ready.append(m)
-                self.rt._watch(m, self._died)
-        except Exception as e:  # a failed refill must not break the node; next take spawns
-            log.warning("warm pool: spawning a VMM failed: %s", e)
-        finally:
-            self._spawning -= 1
-
-    def _died(self, m: Machine, how: VmmExit) -> None:
-        """A pooled VMM ended on its own: drop it, release its slot, jail and files, and
-        spawn a replacement a little later."""
-        if m not in self._ready:
-            return  # taken meanwhile: its restore finds it dead and fails
-        self._ready.remove(m)
-        VMM_EXITS.labels("warm_pool").inc()
-        loop = asyncio.get_running_loop()
-
-        async def drop() -> None:
-            try:
-                await self.rt._destroy(m)
-            finally:
-                loop.call_later(POOL_RESPAWN_DELAY_S, self._refill)
-
-        t = loop.create_task(drop(), name=f"aenv-pool-drop-{m.name}")
-        self._drops.add(t)
-        t.add_done_callback(self._drops.discard)
-
-    async def settle(self) -> None:
-        """Wait for the spawns in flight (their VMs are then in `names()`)."""
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    async def close(self) -> None:
-        self._closed = True
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, *self._drops, return_exceptions=True)
-        ready, self._ready = self._ready, []
-        await asyncio.gather(*(self.rt._destroy(m) for m in ready))

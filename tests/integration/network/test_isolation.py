@@ -305,6 +305,7 @@ async def rt() -> AsyncIterator[Runtime]:
     # Its own slot network (so 198.19.x is not "another sandbox") and uid range; one warm
     # VM, so both the pooled and the fresh start path get a policy.
     cfg = config_mod.load(instance=instance, slot_network=SLOT_NETWORK, warm_pool_size=1,
+                          primed_pool_size=0,
                           jail_uid_base=886000 + 256 * random.randrange(8))
     runtime = Runtime(cfg)
     await runtime.start()

@@ -27,7 +27,8 @@ INSTANCE = os.environ.get("AENV_INSTANCE") or census.new_instance("i")
 
 
 def _cfg() -> config_mod.Config:
-    return config_mod.load(instance=INSTANCE)
+    # No primed pool (tests/e2e/test_primed.py covers it): creates here are restores.
+    return config_mod.load(instance=INSTANCE, primed_pool_size=0)
 
 
 @pytest.fixture(scope="session")

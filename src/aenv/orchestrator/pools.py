@@ -1,0 +1,130 @@
+"""VMs a node makes ahead of time so that a create or resume does not wait for them; the
+runtime (`runtime.Runtime`) says how one is made and ended, a pool keeps `size` of them for
+one key and refills in the background.
+
+- The **warm pool**: `-incoming defer` QEMUs with their slots and empty files, for the
+  default template's machine key: a restore of any snapshot of that shape costs the clone
+  and the device-state load, not QEMU start-up.
+- The **primed pool**: default-template VMs already restored, run until their agent has
+  answered, then stopped (`Runtime.prime`): a create from the default template continues
+  one and pushes its `/init`.
+
+A pooled VM has no record: it is named `pool-*` (census.UNRECORDED_VMS), and a restarted
+node reclaims what an earlier process pooled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from aenv.orchestrator.obs import POOLED_VMS, VMM_EXITS
+
+if TYPE_CHECKING:
+    from aenv.orchestrator.runtime import Machine
+    from aenv.orchestrator.runtime_api import VmmExit
+
+log = logging.getLogger(__name__)
+
+RESPAWN_DELAY_S = 1.0  # after a pooled VMM died on its own
+K = TypeVar("K")
+
+
+class VmPool(Generic[K]):
+    """Up to `size` ready VMs for one key (set by `configure`), refilled as they are
+    taken. `make(key)` builds one (raising on failure), `destroy` ends one, `watch(m, died)`
+    calls `died` if m's VMM ends on its own."""
+
+    def __init__(self, kind: str, size: int, make: Callable[[K], Awaitable[Machine]],
+                 destroy: Callable[[Machine], Awaitable[None]],
+                 watch: Callable[[Machine, Callable[[Machine, VmmExit], None]], None]) -> None:
+        self.kind = kind  # "warm_pool" | "primed_pool": logs and the VMM-exit metric
+        self.size = size
+        self.key: K | None = None
+        self._make, self._destroy, self._watch = make, destroy, watch
+        self._ready: list[Machine] = []
+        self._making = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._drops: set[asyncio.Task[None]] = set()  # releasing VMMs that died pooled
+        self._closed = False
+
+    def configure(self, key: K) -> None:
+        self.key = key
+        self._refill()
+
+    def names(self) -> set[str]:
+        return {m.name for m in self._ready}
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def take(self, key: K) -> Machine | None:
+        if key != self.key or not self._ready:
+            return None
+        m = self._ready.pop(0)
+        self._count()
+        if m.watcher is not None:
+            m.watcher.cancel()  # the sandbox it becomes is watched from then on
+        self._refill()
+        return m
+
+    def _refill(self) -> None:
+        if self._closed or self.key is None:
+            return
+        while len(self._ready) + self._making < self.size:
+            self._making += 1
+            t = asyncio.get_running_loop().create_task(self._fill(self.key))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _fill(self, key: K) -> None:
+        try:
+            m = await self._make(key)
+            if self._closed or key != self.key:
+                await self._destroy(m)
+            else:
+                self._ready.append(m)
+                self._count()
+                self._watch(m, self._died)
+        except Exception as e:  # a failed refill must not break the node; next take refills
+            log.warning("%s: making a VM failed: %s", self.kind, e)
+        finally:
+            self._making -= 1
+
+    def _died(self, m: Machine, how: VmmExit) -> None:
+        """A pooled VMM ended on its own: drop it, release its slot, jail and files, and
+        make a replacement a little later."""
+        if m not in self._ready:
+            return  # taken meanwhile: whoever took it finds it dead and fails
+        self._ready.remove(m)
+        self._count()
+        VMM_EXITS.labels(self.kind).inc()
+        loop = asyncio.get_running_loop()
+
+        async def drop() -> None:
+            try:
+                await self._destroy(m)
+            finally:
+                loop.call_later(RESPAWN_DELAY_S, self._refill)
+
+        t = loop.create_task(drop(), name=f"aenv-{self.kind}-drop-{m.name}")
+        self._drops.add(t)
+        t.add_done_callback(self._drops.discard)
+
+    def _count(self) -> None:
+        POOLED_VMS.labels(self.kind).set(len(self._ready))
+
+    async def settle(self) -> None:
+        """Wait for the VMs being made (they are then in `names()`)."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        self._closed = True
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._drops, return_exceptions=True)
+        ready, self._ready = self._ready, []
+        self._count()
+        await asyncio.gather(*(self._destroy(m) for m in ready))
