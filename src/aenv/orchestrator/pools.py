@@ -39,7 +39,8 @@ class VmPool(Generic[K]):
 
     def __init__(self, kind: str, size: int, make: Callable[[K], Awaitable[Machine]],
                  destroy: Callable[[Machine], Awaitable[None]],
-                 watch: Callable[[Machine, Callable[[Machine, VmmExit], None]], None]) -> None:
+                 watch: Callable[[Machine, Callable[[Machine, VmmExit], None]], None],
+                 refill_delay_s: float = 0.0) -> None:
         self.kind = kind  # "warm_pool" | "primed_pool": logs and the VMM-exit metric
         self.size = size
         self.key: K | None = None
@@ -49,6 +50,10 @@ class VmPool(Generic[K]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._drops: set[asyncio.Task[None]] = set()  # releasing VMMs that died pooled
         self._closed = False
+        # After a take: wait this long before making the replacement, so that making it
+        # does not compete for the CPU with the start of the VM just taken.
+        self.refill_delay_s = refill_delay_s
+        self._delayed: asyncio.TimerHandle | None = None
 
     def configure(self, key: K) -> None:
         self.key = key
@@ -67,8 +72,16 @@ class VmPool(Generic[K]):
         self._count()
         if m.watcher is not None:
             m.watcher.cancel()  # the sandbox it becomes is watched from then on
-        self._refill()
+        if self.refill_delay_s <= 0:
+            self._refill()
+        elif self._delayed is None:
+            self._delayed = asyncio.get_running_loop().call_later(
+                self.refill_delay_s, self._delayed_refill)
         return m
+
+    def _delayed_refill(self) -> None:
+        self._delayed = None
+        self._refill()
 
     def _refill(self) -> None:
         if self._closed or self.key is None:
@@ -122,6 +135,8 @@ class VmPool(Generic[K]):
 
     async def close(self) -> None:
         self._closed = True
+        if self._delayed is not None:
+            self._delayed.cancel()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, *self._drops, return_exceptions=True)

@@ -85,6 +85,9 @@ GUEST_CHECK_TIMEOUT = 5.0
 PAUSE_MARKER = "pause.json"
 # A warm-pool VMM that died on its own is replaced this much later (not in a tight loop).
 POOL_RESPAWN_DELAY_S = 1.0
+# Priming a VM takes ~0.5 s of CPU under TCG: not while the one just taken runs its /init
+# and its user's first commands.
+PRIMED_REFILL_DELAY_S = 1.0
 POOL_PREFIX = "pool-"  # VMs a node holds without a record (census.UNRECORDED_VMS)
 
 
@@ -178,7 +181,8 @@ class Runtime:
         self._pool: VmPool[tuple[object, ...]] = VmPool(
             "warm_pool", cfg.warm_pool_size, self._spawn_incoming, self._destroy, self._watch)
         self._primed: VmPool[str] = VmPool(
-            "primed_pool", cfg.primed_pool_size, self.prime, self._destroy, self._watch)
+            "primed_pool", cfg.primed_pool_size, self.prime, self._destroy, self._watch,
+            refill_delay_s=PRIMED_REFILL_DELAY_S)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
 
     # -- lifecycle of the runtime itself ------------------------------------------------
