@@ -1,0 +1,143 @@
+"""The pool bookkeeping (`orchestrator/pools.py`) with stand-in VMs: what it keeps ready,
+what a take returns, when it refills, what it does with a VM that dies pooled or is made
+after the key changed, and that close ends everything. Real pooled VMs are exercised by the
+e2e tests (test_primed.py, test_vmm_exit.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from aenv.orchestrator.pools import VmPool
+from aenv.orchestrator.runtime_api import VmmExit
+
+
+@dataclass
+class FakeVm:
+    """Stands in for runtime.Machine: a name, a watcher task, an exit to trigger."""
+
+    name: str
+    key: str
+    watcher: asyncio.Task[None] | None = None
+    died: Callable[[FakeVm, VmmExit], None] | None = None
+
+
+@dataclass
+class Maker:
+    made: list[FakeVm] = field(default_factory=list)
+    destroyed: list[str] = field(default_factory=list)
+    fail: bool = False
+    gate: asyncio.Event | None = None  # hold every make until set
+
+    async def make(self, key: str) -> FakeVm:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("no VM today")
+        vm = FakeVm(f"pool-{len(self.made)}", key)
+        self.made.append(vm)
+        return vm
+
+    async def destroy(self, vm: FakeVm) -> None:
+        self.destroyed.append(vm.name)
+        if vm.watcher is not None:
+            vm.watcher.cancel()  # a destroyed VM's watcher ends with its VMM
+
+    def watch(self, vm: FakeVm, died: Callable[[FakeVm, VmmExit], None]) -> None:
+        vm.died = died
+        vm.watcher = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+
+
+def _pool(mk: Maker, size: int = 2, delay: float = 0.0) -> VmPool[str]:
+    return VmPool("test_pool", size, mk.make, mk.destroy, mk.watch,  # type: ignore[arg-type]
+                  refill_delay_s=delay)
+
+
+async def test_fills_to_size_and_a_take_is_refilled() -> None:
+    mk = Maker()
+    pool = _pool(mk)
+    assert pool.take("k") is None  # not configured: nothing
+    pool.configure("k")
+    await pool.settle()
+    assert len(pool) == 2 and pool.names() == {"pool-0", "pool-1"}
+    assert pool.take("other") is None  # another key: nothing taken
+    vm = pool.take("k")
+    assert vm is not None and vm.name == "pool-0"
+    await _watch_cancelled(vm)  # the sandbox it becomes is watched by its taker
+    await pool.settle()
+    assert len(pool) == 2 and len(mk.made) == 3
+    await pool.close()
+    assert sorted(mk.destroyed) == ["pool-1", "pool-2"] and len(pool) == 0
+    vm.watcher = None
+
+
+async def _watch_cancelled(vm: FakeVm) -> None:
+    assert vm.watcher is not None
+    with pytest.raises(asyncio.CancelledError):
+        await vm.watcher
+
+
+async def test_a_delayed_refill_waits_and_coalesces() -> None:
+    mk = Maker()
+    pool = _pool(mk, size=2, delay=0.3)
+    pool.configure("k")
+    await pool.settle()
+    assert pool.take("k") is not None and pool.take("k") is not None
+    await pool.settle()
+    assert len(pool) == 0  # nothing made yet: the refill waits
+    await asyncio.sleep(0.5)
+    await pool.settle()
+    assert len(pool) == 2 and len(mk.made) == 4  # both replaced by one delayed refill
+    await pool.close()
+
+
+async def test_close_cancels_a_pending_refill() -> None:
+    mk = Maker()
+    pool = _pool(mk, size=1, delay=0.2)
+    pool.configure("k")
+    await pool.settle()
+    assert pool.take("k") is not None
+    await pool.close()
+    await asyncio.sleep(0.3)
+    assert len(mk.made) == 1 and len(pool) == 0
+
+
+async def test_a_vm_that_dies_pooled_is_destroyed_and_replaced() -> None:
+    mk = Maker()
+    pool = _pool(mk, size=1)
+    pool.configure("k")
+    await pool.settle()
+    (vm,) = mk.made
+    assert vm.died is not None
+    vm.watcher.cancel()  # its VMM ended
+    vm.died(vm, VmmExit(signal="SIGKILL"))
+    assert len(pool) == 0
+    await asyncio.sleep(0.05)
+    assert mk.destroyed == ["pool-0"]
+    await asyncio.sleep(1.2)  # pools.RESPAWN_DELAY_S
+    await pool.settle()
+    assert pool.names() == {"pool-1"}
+    await pool.close()
+
+
+async def test_a_vm_made_for_an_old_key_is_destroyed_and_failures_do_not_break_it() -> None:
+    mk = Maker(gate=asyncio.Event())
+    pool = _pool(mk, size=1)
+    pool.configure("old")
+    await asyncio.sleep(0)
+    pool.configure("new")  # a new default template while the old one's VM is being made
+    mk.gate.set()
+    await pool.settle()
+    assert [v.key for v in mk.made][:1] == ["old"] and "pool-0" in mk.destroyed
+    assert all(v.key == "new" for v in mk.made if v.name in pool.names())
+    await pool.close()
+
+    bad = Maker(fail=True)
+    pool = _pool(bad, size=2)
+    pool.configure("k")
+    await pool.settle()
+    assert len(pool) == 0 and pool.take("k") is None  # logged, not raised
+    await pool.close()
