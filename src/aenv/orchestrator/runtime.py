@@ -83,8 +83,6 @@ GUEST_FLUSH_TIMEOUT = 20.0
 GUEST_CHECK_TIMEOUT = 5.0
 # In a paused VM's directory: {"memory": bool}, what its paused state holds.
 PAUSE_MARKER = "pause.json"
-# A warm-pool VMM that died on its own is replaced this much later (not in a tight loop).
-POOL_RESPAWN_DELAY_S = 1.0
 # Priming a VM takes ~0.5 s of CPU under TCG: not while the one just taken runs its /init
 # and its user's first commands.
 PRIMED_REFILL_DELAY_S = 1.0
