@@ -230,8 +230,10 @@ class QemuDriver(Driver):
             cache.write_text(json.dumps({"key": key, "ok": ok}))
         return ok
 
-    def probe_boots(self, accel: Accel, kernel: Path) -> bool:
-        """The boot probe: `kernel` reaches its no-root-disk panic under `accel`."""
+    def probe_boots(self, accel: Accel, kernel: Path,
+                    deadline_s: float = KVM_PROBE_DEADLINE) -> bool:
+        """The boot probe: `kernel` reaches its no-root-disk panic under `accel` within
+        `deadline_s` (KVM: well under a second; TCG: seconds, more on a busy host)."""
         argv = ["setpriv", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
                 "--ambient-caps=-all", "--",
                 self.binary, "-M", f"microvm,accel={accel.value}",
@@ -240,7 +242,7 @@ class QemuDriver(Driver):
                 "-sandbox", SANDBOX_OPTS, "-serial", "stdio", "-kernel", str(kernel),
                 "-append", "console=ttyS0 panic=-1 reboot=t"]  # fmt: skip
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=KVM_PROBE_DEADLINE)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=deadline_s)
         except subprocess.TimeoutExpired:
             return False
         return "Unable to mount root" in r.stdout or "Kernel panic" in r.stdout
