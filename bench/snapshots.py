@@ -43,6 +43,13 @@ def p(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))] * 1000
 
 
+def print_table(title: str, res: dict[str, list[float]]) -> None:
+    w = max(map(len, [title, *res]))
+    print(f"\n{title.ljust(w)}  {'p50 ms':>8}  {'p95 ms':>8}  n")
+    for k, xs in res.items():
+        print(f"{k.ljust(w)}  {p(xs, 50):8.1f}  {p(xs, 95):8.1f}  {len(xs)}")
+
+
 async def timed(coro) -> float:
     t0 = time.perf_counter()
     await coro
@@ -98,10 +105,7 @@ async def main(n: int) -> None:
         await rt.destroy(sid)
     finally:
         await rt.close()
-    w = max(map(len, res))
-    print(f"\n{'operation (runtime level, TCG)'.ljust(w)}  {'p50 ms':>8}  {'p95 ms':>8}  n")
-    for k, xs in res.items():
-        print(f"{k.ljust(w)}  {p(xs, 50):8.1f}  {p(xs, 95):8.1f}  {len(xs)}")
+    print_table("operation (runtime level, TCG)", res)
     print(f"mean of all pause calls: {statistics.mean(res['pause']) * 1000:.1f} ms")
 
 
@@ -141,10 +145,7 @@ async def first_request(n: int) -> None:
                 res.setdefault(k, []).append(v)
     finally:
         await rt.close()
-    w = max(map(len, res))
-    print(f"\n{'after a template restore (TCG)'.ljust(w)}  {'p50 ms':>8}  {'p95 ms':>8}  n")
-    for k, xs in res.items():
-        print(f"{k.ljust(w)}  {p(xs, 50):8.1f}  {p(xs, 95):8.1f}  {len(xs)}")
+    print_table("after a template restore (TCG)", res)
 
 
 def bench_checksums(cfg: config_mod.Config, n: int) -> None:
