@@ -11,7 +11,9 @@ import contextlib
 import errno
 import functools
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -61,6 +63,18 @@ def _guard(f: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def restore_ctrl_c() -> None:
+    """Make SIGINT raise KeyboardInterrupt, whatever disposition we inherited.
+
+    A non-interactive shell starts its `&` jobs with SIGINT ignored, and CPython then leaves it
+    ignored: an `aenv upload` run from such a script (or a test suite run as one) would ignore
+    Ctrl-C and an explicit `kill -INT` and copy on for minutes. Every command here handles
+    KeyboardInterrupt as one line and exit 130, so it must always be raised.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class AenvTyper(typer.Typer):
     """typer.Typer whose errors are one plain line on stderr instead of a rich panel."""
 
@@ -74,6 +88,7 @@ class AenvTyper(typer.Typer):
         return decorator
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        restore_ctrl_c()
         cmd = typer.main.get_command(self)
         kwargs.setdefault("prog_name", "aenv")
         try:
