@@ -29,6 +29,18 @@ class MachineShape(BaseModel, frozen=True):
     disk_mib: int = Field(4096, ge=64, le=1048576)
 
 
+class RegistryConfig(BaseModel):
+    """`[registry]`: how images are pulled (aenv.images)."""
+
+    # Docker's registry-mirrors: "docker.io" = ["http://mirror:5000"]; tried before the
+    # registry itself, so an offline site serves `ubuntu:22.04` from its own registry.
+    mirrors: dict[str, list[str]] = Field(default_factory=dict)
+    # Registries (host[:port]) that may be plain HTTP; loopback ones always may, as in Docker.
+    insecure: list[str] = Field(default_factory=list)
+    auth_file: Path | None = None  # a Docker config.json with credentials per registry
+    ca_file: Path | None = None  # a PEM CA trusted besides the system store
+
+
 class Config(BaseModel):
     data_dir: Path = Path("/var/lib/aenv")
     # Sparse XFS image mounted at data_dir when data_dir's filesystem cannot reflink.
@@ -78,6 +90,7 @@ class Config(BaseModel):
     # filesystem >= RAM of the running sandboxes (their sparse RAM files may fill) + this.
     disk_reserve_mib: int = Field(1024, ge=0)
     log_level: str = "info"
+    registry: RegistryConfig = RegistryConfig()
 
     # Which Runtime the node drives: "qemu" (real microVMs) or "fake" (no VMs; API tests only).
     runtime: Literal["qemu", "fake"] = "qemu"
@@ -125,6 +138,10 @@ class Config(BaseModel):
     @property
     def templates_dir(self) -> Path:
         return self.data_dir / "templates"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.data_dir / "images"
 
     @property
     def snapshots_dir(self) -> Path:
@@ -185,5 +202,13 @@ def load(
     for suffix, field in _SIMPLE_ENV.items():
         if ENV_PREFIX + suffix in env:
             data[field] = env[ENV_PREFIX + suffix]
+    if ENV_PREFIX + "REGISTRY_MIRRORS" in env:  # "docker.io=http://a:5000,http://b;ghcr.io=..."
+        mirrors: dict[str, list[str]] = {}
+        for item in filter(None, env[ENV_PREFIX + "REGISTRY_MIRRORS"].split(";")):
+            prefix, _, urls = item.partition("=")
+            mirrors[prefix.strip()] = [u.strip() for u in urls.split(",") if u.strip()]
+        registry = dict(data.get("registry") or {})  # type: ignore[call-overload]
+        registry["mirrors"] = mirrors
+        data["registry"] = registry
     data.update({k: v for k, v in overrides.items() if v is not None})
     return Config.model_validate(data)

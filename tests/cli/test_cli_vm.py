@@ -34,10 +34,15 @@ def test_interactive_shell(vm_node: Node) -> None:
         child.sendline("echo hello-$((1+1))")
         child.expect("hello-2")
         child.expect(PROMPT)
-        child.setwinsize(41, 133)  # SIGWINCH: the remote PTY follows
-        time.sleep(0.5)
-        child.sendline("stty size")
-        child.expect(r"41 133")
+        child.setwinsize(41, 133)  # SIGWINCH: the remote PTY follows, some time later
+        deadline = time.monotonic() + 60
+        while True:
+            child.sendline("stty size")
+            if child.expect([r"41 133", r"\d+ \d+"]) == 0:
+                break
+            assert time.monotonic() < deadline, "the remote PTY never got the new size"
+            child.expect(PROMPT)
+            time.sleep(0.5)
         child.expect(PROMPT)
         child.sendline("sleep 60; echo not-interrupted")
         time.sleep(1)

@@ -24,6 +24,8 @@ from e2b import (
 )
 from e2b.exceptions import SandboxNotFoundException
 
+from tests.support.timing import scaled
+
 from .conftest import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -140,8 +142,11 @@ def test_sync_sdk_scenario(node: NodeProcess) -> None:
     # 10. TTL
     short = Sandbox.create(timeout=60, metadata={"suite": suite})
     short.set_timeout(3)
-    time.sleep(5)
-    assert not short.is_running()
+    time.sleep(3)
+    deadline = time.monotonic() + scaled(30)  # killed at endAt; seen once the kill is done
+    while short.is_running():
+        assert time.monotonic() < deadline, "the sandbox outlived its timeout"
+        time.sleep(0.25)
     assert short.sandbox_id not in [s.sandbox_id for s in Sandbox.list(query=q).next_items()]
 
 
@@ -149,7 +154,13 @@ def test_metrics_are_sampled_from_the_agent(node: NodeProcess) -> None:
     sbx = Sandbox.create(timeout=60)
     try:
         start = datetime.now(UTC) - timedelta(seconds=10)
-        metrics = sbx.get_metrics(start=start, end=datetime.now(UTC) + timedelta(seconds=10))
+        metrics: list = []  # type: ignore[type-arg]
+        deadline = time.monotonic() + scaled(30)  # a busy agent can miss the first sample
+        while not metrics and time.monotonic() < deadline:
+            metrics = sbx.get_metrics(start=start,
+                                      end=datetime.now(UTC) + timedelta(seconds=60))
+            if not metrics:
+                time.sleep(1)
         assert len(metrics) >= 1
         m = metrics[0]
         assert m.cpu_count >= 1 and m.mem_total > 0 and m.disk_total > 0
@@ -198,7 +209,7 @@ def test_async_sdk_scenario(node: NodeProcess) -> None:
 
             wh = await sbx.files.watch_dir("w", on_event=on_event)
             await sbx.files.write("w/f.txt", "1")
-            await asyncio.wait_for(seen.wait(), 2)
+            await asyncio.wait_for(seen.wait(), scaled(10))
             await wh.stop()
 
             before = (await sbx.get_info()).end_at

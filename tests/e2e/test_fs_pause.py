@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from e2b import Sandbox, SandboxState
 
@@ -211,7 +212,16 @@ def test_a_guest_that_does_not_answer(node: NodeProcess) -> None:
         sbx.commands.run("sync")
         # Stop the agent itself (the commands' parent): the guest runs, nothing answers.
         sbx.commands.run("sleep 1; kill -STOP $PPID", background=True, user="root", timeout=0)
-        time.sleep(3)
+        deadline = time.monotonic() + 120  # until it stopped answering (a busy host: later)
+        while True:
+            try:
+                with httpx.Client(timeout=2) as probe:
+                    probe.get(f"{node.origin}/health", headers={"E2b-Sandbox-Id": sid,
+                                                                "E2b-Sandbox-Port": "49983"})
+            except httpx.TimeoutException:
+                break
+            assert time.monotonic() < deadline, "the agent kept answering after SIGSTOP"
+            time.sleep(0.5)
         with node.api() as c:  # raw HTTP: the SDK would retry a 503
             r = c.post(f"/sandboxes/{sid}/pause",
                        json={"memory": False, "requireHealthyGuest": True})

@@ -28,7 +28,7 @@ def _counter(sbx: Sandbox) -> int:
     return int(sbx.commands.run("cat /tmp/counter").stdout)
 
 
-def _until(cond, timeout: float = 20.0, step: float = 0.1):  # type: ignore[no-untyped-def]
+def _until(cond, timeout: float = 120.0, step: float = 0.1):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while True:
         got = cond()

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 import aenv
-from aenv.cli import census, completion, sandboxes, snapshots, templates, transfer
+from aenv.cli import census, completion, images, sandboxes, snapshots, templates, transfer
 from aenv.cli.auth import auth
 from aenv.cli.errors import AenvTyper
 
@@ -61,6 +61,7 @@ app.command("upload")(transfer.upload)
 app.command("download")(transfer.download)
 app.add_typer(snapshots.app, name="snapshot")
 app.add_typer(templates.app, name="template")
+app.command("pull")(images.pull)
 app.command("auth")(auth)
 app.command("completion")(completion.completion)
 app.command("census")(census.census)

@@ -64,14 +64,14 @@ def ls(as_json: JsonOpt = None) -> None:
 
 def _require_root(what: str) -> None:
     if os.geteuid() != 0:
-        raise CliError(f"`aenv template {what}` runs on the node's host as root "
+        raise CliError(f"`aenv {what}` runs on the node's host as root "
                        "(it works on the node's data directory)")  # fmt: skip
 
 
 def rm(templates: TemplateNames) -> None:
     """Remove templates from this host (root only). Sandboxes already started from them keep
     running: they have their own copies of its files."""
-    _require_root("rm")
+    _require_root("template rm")
     from aenv import config as node_config
     from aenv.storage.snapshots import SnapshotNotFound, SnapshotStore
     from aenv.storage.templates import TemplateCatalog, TemplateMissing
@@ -102,6 +102,16 @@ def rm(templates: TemplateNames) -> None:
 
 
 # --- build ------------------------------------------------------------------------------------
+
+# A template's machine shape, for `template build` and `pull`.
+CpuOpt = Annotated[int | None, typer.Option("--cpu", min=1, max=64, show_default=False,
+                                            help="vCPUs [default: the node's default shape]")]
+MemoryOpt = Annotated[str | None, typer.Option(
+    "--memory", "-m", help="Guest RAM: 512, 2G [default: the node's default shape]",
+    show_default=False)]
+DiskOpt = Annotated[str | None, typer.Option(
+    "--disk", help="Writable disk: 4096, 8G [default: the node's default shape]",
+    show_default=False)]
 
 
 def _tree_fingerprint(root: Path) -> str:
@@ -159,25 +169,38 @@ def build(
     source: Annotated[Path | None, typer.Option(
         "--from", help="Build from this root filesystem: a directory or a tarball "
         "(.tar, .tar.gz, ...) instead of a recipe.", show_default=False)] = None,
-    cpu: Annotated[int | None, typer.Option("--cpu", min=1, max=64,
-                                            help="vCPUs [default: the node's default shape]",
-                                            show_default=False)] = None,
-    memory: Annotated[str | None, typer.Option(
-        "--memory", "-m", help="Guest RAM: 512, 2G [default: the node's default shape]",
-        show_default=False)] = None,
-    disk: Annotated[str | None, typer.Option(
-        "--disk", help="Writable disk: 4096, 8G [default: the node's default shape]",
-        show_default=False)] = None,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
+    disk: DiskOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if up to date.")] = False,
 ) -> None:
     """Build a template on this host (root only; the node may be running)."""
-    _require_root("build")
+
+    async def make(rt: Any, shape: Any, say: Callable[[str], None]) -> Any:
+        from aenv.orchestrator.builder import build_template
+
+        if source is None:
+            return await build_template(rt, name, recipe, shape, progress=say, force=force)
+        with _source_tree(source.expanduser().resolve(), rt.cfg.templates_dir) as (root, tag):
+            return await build_template(rt, name, tag, shape, progress=say, source=root,
+                                        force=force)  # fmt: skip
+
+    run_local_build("build", name, cpu, memory, disk, make)
+
+
+Make = Callable[[Any, Any, Callable[[str], None]], Any]  # (runtime, shape, progress)
+
+
+def run_local_build(verb: str, name: str, cpu: int | None, memory: str | None,
+                    disk: str | None, make: Make) -> None:
+    """Run `make(runtime, shape, progress)` with a runtime instance of this command's own
+    (the node's slots, cgroups and VM dirs stay untouched); print the template's name."""
+    _require_root(verb if verb == "pull" else f"template {verb}")
     if not name or "/" in name or name.startswith("."):
         raise typer.BadParameter(f"{name!r} is not a valid template name", param_hint="NAME")
     from aenv import config as node_config
 
     cfg = node_config.load()
-    # A runtime instance of our own: the node's slots, cgroups and VM dirs stay untouched.
     cfg = cfg.model_copy(update={"instance": "build" + secrets.token_hex(2)[:3]})
     shape = cfg.default_shape.model_copy(update={
         k: v for k, v in (("vcpus", cpu),
@@ -189,7 +212,7 @@ def build(
     logging.basicConfig(level=logging.ERROR, format="aenv: %(name)s: %(message)s")
     say, stop = output.build_progress()
     try:
-        template = asyncio.run(_build(cfg, name, recipe, shape, source, force, say))
+        template = asyncio.run(_in_runtime(cfg, shape, name, make, say))
     except KeyboardInterrupt:
         raise CliError(f"interrupted: template {name} was not changed", 130) from None
     finally:
@@ -197,9 +220,12 @@ def build(
     output.print_lines([template.name])
 
 
-async def _build(cfg: Any, name: str, recipe: str, shape: Any, source: Path | None,
-                 force: bool, say: Callable[[str], None]) -> Any:
-    from aenv.orchestrator.builder import BuildError, build_template
+async def _in_runtime(cfg: Any, shape: Any, name: str,
+                      make: Make,
+                      say: Callable[[str], None]) -> Any:
+    from aenv.images.reference import BadReference
+    from aenv.images.registry import RegistryError
+    from aenv.orchestrator.builder import BuildError
     from aenv.orchestrator.runtime import Runtime
     from aenv.storage.datafs import DataFsError
     from aenv.storage.kernel import KernelBuildError
@@ -209,11 +235,9 @@ async def _build(cfg: Any, name: str, recipe: str, shape: Any, source: Path | No
     rt = Runtime(cfg)
     try:
         await rt.start()
-        if source is None:
-            return await build_template(rt, name, recipe, shape, progress=say, force=force)
-        with _source_tree(source.expanduser().resolve(), cfg.templates_dir) as (root, tag):
-            return await build_template(rt, name, tag, shape, progress=say, source=root,
-                                        force=force)  # fmt: skip
+        return await make(rt, shape, say)
+    except (BadReference, RegistryError) as e:
+        raise CliError(f"{name}: {e}") from None
     except (BuildError, KernelBuildError, RootfsError, DataFsError, VmmError) as e:
         raise CliError(f"building {name} failed: {e}") from None
     finally:

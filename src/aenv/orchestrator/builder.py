@@ -50,9 +50,11 @@ def _file_key(p: Path) -> str:
 
 
 def build_rootfs(cfg: Config, name: str, recipe: str, disk_mib: int,
-                 progress: Callable[[str], None], source: Path | None = None) -> Path:
-    """The template's raw ext4 image, cached by recipe (+ source dir) and disk size."""
-    if recipe not in rootfs.RECIPES and source is None:
+                 progress: Callable[[str], None], source: Path | None = None,
+                 fill: Callable[[Path], None] | None = None) -> Path:
+    """The template's raw ext4 image, cached by recipe (+ source dir) and disk size. `fill`
+    makes the tree itself (an image unpacked in place: `recipe` then names its digest)."""
+    if recipe not in rootfs.RECIPES and source is None and fill is None:
         raise BuildError(f"unknown recipe {recipe!r} (known: {', '.join(rootfs.RECIPES)})")
     tag = f"{recipe}:{RECIPE_VERSIONS.get(recipe)}:{disk_mib}:{source}"
     key = hashlib.sha256(tag.encode()).hexdigest()
@@ -63,7 +65,9 @@ def build_rootfs(cfg: Config, name: str, recipe: str, disk_mib: int,
     with tempfile.TemporaryDirectory(dir=cfg.templates_dir, prefix=f".tmp-{name}-") as tmp:
         root = Path(tmp, "root")
         logf = Path(tmp, "build.log")
-        if source is not None:
+        if fill is not None:
+            fill(root)
+        elif source is not None:
             progress(f"copying rootfs from {source}")
             shutil.copytree(source, root, symlinks=True)
         else:
@@ -83,13 +87,14 @@ def build_rootfs(cfg: Config, name: str, recipe: str, disk_mib: int,
 async def build_template(rt: Runtime, name: str, recipe: str = "debian",
                          shape: MachineShape | None = None,
                          progress: Callable[[str], None] = print,
-                         source: Path | None = None, force: bool = False) -> Template:
+                         source: Path | None = None, force: bool = False,
+                         fill: Callable[[Path], None] | None = None) -> Template:
     cfg = rt.cfg
     shape = shape or cfg.default_shape
     kernel = await asyncio.to_thread(kernel_path, cfg, progress)
     tools = await asyncio.to_thread(ensure_tools, cfg.artifacts_dir, progress)
     image = await asyncio.to_thread(build_rootfs, cfg, name, recipe, shape.disk_mib, progress,
-                                    source)
+                                    source, fill)
     cmdline = kernel_cmdline(cfg.kernel_cmdline_extra)
     key = hashlib.sha256(
         "|".join([_file_key(image), _file_key(kernel), str(tools), cmdline,

@@ -326,7 +326,7 @@ class Runtime:
         return TemplateInfo(
             template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,
             envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,
-            size_bytes=t.rootfs_bytes,
+            size_bytes=t.rootfs_bytes, env=dict(t.env), user=t.user, workdir=t.workdir,
         )
 
     # -- machines ----------------------------------------------------------------------

@@ -25,6 +25,10 @@ class TemplateInfo:
     build_id: str
     created_at: str  # RFC 3339
     size_bytes: int = 0
+    # Sandbox defaults from the template's image config (Env, User, WorkingDir).
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    workdir: str | None = None
 
 
 @dataclass

@@ -81,7 +81,8 @@ def new_access_token() -> str:
 def _agent_init(rec: SandboxRecord) -> AgentInit:
     """What every start of `rec` (create, resume, fork child) sets up around its guest."""
     return AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars),
-                     egress=rec.egress)
+                     default_user=rec.default_user or "user",
+                     default_workdir=rec.default_workdir, egress=rec.egress)
 
 
 @dataclass
@@ -304,12 +305,15 @@ class Orchestrator:
             pass
         snap = self.find_snapshot(name)
         try:
-            envd = self.runtime.template(snap.template).envd_version
+            source = self.runtime.template(snap.template)
         except TemplateNotFound:
-            envd = FALLBACK_ENVD_VERSION
+            source = None
         return TemplateInfo(
             template_id=snap.snapshot_id, aliases=list(snap.names), shape=snap.shape,
-            envd_version=envd, build_id=snap.snapshot_id, created_at=snap.created_at,
+            envd_version=source.envd_version if source else FALLBACK_ENVD_VERSION,
+            build_id=snap.snapshot_id, created_at=snap.created_at,
+            env=dict(source.env) if source else {}, user=source.user if source else None,
+            workdir=source.workdir if source else None,
         )  # fmt: skip
 
     async def create(self, req: CreateRequest) -> SandboxRecord:
@@ -344,7 +348,7 @@ class Orchestrator:
             disk_mib=shape.disk_mib,
             envd_version=info.envd_version,
             metadata=dict(req.metadata),
-            env_vars=dict(req.env_vars),
+            env_vars={**info.env, **req.env_vars},
             access_token=token,
             auto_pause=req.auto_pause,
             auto_resume=req.auto_resume,
@@ -352,6 +356,8 @@ class Orchestrator:
             allow_internet=req.allow_internet,
             egress=egress,
             updated_at_us=now,
+            default_user=info.user,
+            default_workdir=info.workdir,
         )
         self.store.insert(rec)
         self._booting += 1
@@ -794,6 +800,7 @@ class Orchestrator:
             auto_pause=src.auto_pause, auto_resume=src.auto_resume,
             auto_pause_memory=src.auto_pause_memory,
             allow_internet=src.allow_internet, egress=src.egress, updated_at_us=now,
+            default_user=src.default_user, default_workdir=src.default_workdir,
         )  # fmt: skip
 
     def _fork_child_started(

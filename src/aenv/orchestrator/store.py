@@ -78,6 +78,8 @@ _ADDED_COLUMNS = {
     "auto_pause_memory": "INTEGER NOT NULL DEFAULT 1",  # 0: the TTL auto-pause is fs-only
     "pause_mode": "TEXT",  # "full" or "filesystem" from the pause on (None: never paused)
     "egress": "TEXT",  # EgressPolicy as JSON; NULL: no egress (the default)
+    "default_user": "TEXT",  # from the template's image (USER); NULL: "user"
+    "default_workdir": "TEXT",  # from the template's image (WORKDIR); NULL: the user's home
 }
 _COLUMNS = (
     "sandbox_id", "template_id", "alias", "state", "metadata", "env_vars", "access_token",
@@ -122,6 +124,8 @@ class SandboxRecord:
     auto_pause_memory: bool = True
     pause_mode: Literal["full", "filesystem"] | None = None
     egress: EgressPolicy = field(default_factory=EgressPolicy)  # applied on every start
+    default_user: str | None = None
+    default_workdir: str | None = None
 
     def _row(self) -> tuple[Any, ...]:
         d = self.__dict__ | {

@@ -26,6 +26,12 @@ class Template:
     aliases: list[str] = field(default_factory=list)
     envd_version: str = ""
     rootfs_bytes: int = 0
+    # An image's template: where it came from, and its config as sandbox defaults.
+    source_image: str = ""  # registry/repository[:tag]@digest
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    workdir: str | None = None
+    start_cmd: str | None = None
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)

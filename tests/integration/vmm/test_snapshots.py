@@ -15,6 +15,16 @@ pytestmark = pytest.mark.vm
 # Written by rename: a snapshot can stop the guest between a `>`'s truncate and its write.
 COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
            "mv /tmp/counter.new /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 &")
+COUNTING = "; until [ -s /tmp/counter ]; do sleep 0.1; done"  # not a fixed sleep: a busy host
+
+
+async def _counter_passes(h, value: int, token: str) -> int:  # type: ignore[no-untyped-def]
+    for _ in range(600):
+        now = int(await _run(h, "cat /tmp/counter", token))
+        if now > value:
+            return now
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the counter process did not continue past {value}")
 
 
 async def _run(handle, cmd: str, token: str | None = None) -> str:
@@ -26,7 +36,7 @@ async def _run(handle, cmd: str, token: str | None = None) -> str:
 async def test_pause_resume_keeps_processes_memory_and_files(runtime, sandbox_id):
     h = await runtime.create(sandbox_id, "base", AgentInit(access_token="t1"))
     try:
-        await _run(h, COUNTER + " echo data > /home/user/kept; sleep 1", "t1")
+        await _run(h, COUNTER + " echo data > /home/user/kept" + COUNTING, "t1")
         before = int(await _run(h, "cat /tmp/counter", "t1"))
         assert before > 0
         pid = h.vmm_pid
@@ -38,9 +48,7 @@ async def test_pause_resume_keeps_processes_memory_and_files(runtime, sandbox_id
 
         h = await runtime.resume(sandbox_id, AgentInit(access_token="t2"))
         assert await _run(h, "cat /home/user/kept", "t2") == "data\n"
-        await asyncio.sleep(1)
-        after = int(await _run(h, "cat /tmp/counter", "t2"))
-        assert after > before, "the counter process did not continue after resume"
+        after = await _counter_passes(h, before, "t2")
         # pause/resume again: cost does not depend on history
         await runtime.pause(sandbox_id)
         h = await runtime.resume(sandbox_id, AgentInit(access_token="t3"))
@@ -54,7 +62,7 @@ async def test_fork_children_share_parent_state_then_diverge(runtime, sandbox_id
     h = await runtime.create(sandbox_id, "base", AgentInit())
     kids = [f"{sandbox_id}k{i}" for i in range(4)]
     try:
-        await _run(h, COUNTER + " echo parent > /home/user/p; sleep 0.5")
+        await _run(h, COUNTER + " echo parent > /home/user/p" + COUNTING)
         results = await runtime.fork(sandbox_id, [(k, AgentInit(env_vars={"KID": k}))
                                                   for k in kids])
         assert all(not isinstance(r, BaseException) for r in results), results

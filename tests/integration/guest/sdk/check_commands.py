@@ -106,11 +106,15 @@ def test_deadline_kills_only_its_own_pid(sbx: Sandbox) -> None:
 
 
 def test_disconnect_keeps_process_and_connect_gets_live_output(sbx: Sandbox) -> None:
-    h = sbx.commands.run("sleep 0.8; echo late; sleep 30", background=True, timeout=0)
+    # "late" is printed only once we are connected again (a trigger file, not a sleep: a busy
+    # host may take longer than any fixed delay to get there).
+    go = f"/tmp/go-{time.monotonic_ns()}"
+    h = sbx.commands.run(f"while [ ! -e {go} ]; do sleep 0.05; done; echo late; sleep 30",
+                         background=True, timeout=0)  # fmt: skip
     h.disconnect()
-    time.sleep(0.2)
     assert h.pid in _running(sbx)
     h2 = sbx.commands.connect(h.pid, timeout=0)
+    sbx.files.write(go, "")
     seen: list[str] = []
     for stdout, _stderr, _pty in h2:
         if stdout:

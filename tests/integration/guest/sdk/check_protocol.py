@@ -308,7 +308,11 @@ def test_unread_never_ending_output_keeps_agent_memory_bounded(
         + body
     )
     try:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30  # until it runs (a busy host starts it late)
+        while not (procs := [p for p in sbx.commands.list() if p.cmd == "/usr/bin/yes"]):
+            assert time.monotonic() < deadline, "the process never started"
+            time.sleep(0.1)
+        time.sleep(1.5)  # ... and has written for a while
         grown = _agent_rss_kib(sbx) - before
         assert grown < 64 * 1024, f"agent RSS grew by {grown} KiB"
         procs = [p for p in sbx.commands.list() if p.cmd == "/usr/bin/yes"]

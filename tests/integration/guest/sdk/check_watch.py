@@ -84,7 +84,7 @@ async def test_async_watch_dir_stream(asbx: AsyncSandbox) -> None:
 
     handle = await asbx.files.watch_dir(w, on_event=on_event, recursive=True)
     await asbx.files.write(f"{w}/sub/f.txt", "hello")
-    await asyncio.wait_for(got_write.wait(), 2)
+    await asyncio.wait_for(got_write.wait(), 15)
     assert ("sub", T.CREATE) in seen
     assert ("sub/f.txt", T.CREATE) in seen
     await handle.stop()

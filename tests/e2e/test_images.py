@@ -1,0 +1,103 @@
+"""OCI images as templates, end to end: `aenv pull` from a real registry on loopback, then
+the unmodified E2B SDK runs commands in a sandbox of that template. The image is busybox
+only (no bash, no Python, no glibc) with a whiteout, an opaque directory, a hardlink, a
+setuid file, an xattr and an owner, and a config (Env, WorkingDir, User) that becomes the
+sandbox's defaults."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox
+
+from tests.support.host import DATA_DIR
+from tests.support.registry import Seeded, have_tools, seeded_registry
+
+from .conftest import NodeProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
+              pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
+AENV = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "aenv")
+# The guest's own Python, from the tools drive (the image has none), to read an xattr.
+GUEST_PY = ("PYTHONHOME=/.aenv/python /.aenv/lib/ld-linux-x86-64.so.2 --library-path "
+            "/.aenv/lib /.aenv/python/bin/python3 -c")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    with seeded_registry(tmp_path_factory.mktemp("registry")) as s:
+        yield s
+
+
+def aenv(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AENV_DATA_DIR": str(DATA_DIR)}
+    return subprocess.run([AENV, *args], env=env, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+@pytest.fixture
+def template_name() -> Iterator[str]:
+    name = f"e2e-img-{secrets.token_hex(3)}"
+    yield name
+    if (DATA_DIR / "templates" / name).exists():
+        p = aenv("template", "rm", name)
+        assert p.returncode == 0, p.stderr
+
+
+def test_a_pulled_image_runs_as_user_with_its_config_and_layers(
+        node: NodeProcess, seeded: Seeded, template_name: str) -> None:
+    p = aenv("pull", seeded.multi, "--name", template_name)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == template_name
+    assert "layer" in p.stderr  # progress per layer
+    sbx = Sandbox.create(template_name, timeout=300)
+    try:
+        r = sbx.commands.run('id -un; pwd; echo "$FOO"')
+        assert r.stdout.split() == ["user", "/work", "bar"], r.stdout
+        checks = [
+            "test ! -e /etc/gone && echo whiteout-ok",
+            "ls /opt/data",
+            "stat -c '%i %h %u:%g' /srv/a",
+            "stat -c '%i %h' /srv/b",
+            "stat -c '%a' /srv/suid",
+            f"{GUEST_PY} 'import os; print(os.getxattr(\"/srv/x\", \"user.aenv\").decode())'",
+            "readlink /srv/link",
+        ]
+        out = sbx.commands.run("; ".join(checks), user="root").stdout.splitlines()
+        assert out[0] == "whiteout-ok"
+        assert out[1] == "new"
+        ino, nlink, owner = out[2].split()
+        assert out[3].split() == [ino, "2"] and (nlink, owner) == ("2", "123:456")
+        assert out[4] == "4755"
+        assert out[5] == "ok"
+        assert out[6] == "/etc/passwd"
+        sbx.files.write("/work/hello.txt", "hi")
+        assert sbx.commands.run("cat hello.txt; echo; stat -c %U hello.txt").stdout.split() == [
+            "hi", "user"]
+    finally:
+        sbx.kill()
+    # A second pull of the same image is answered from the caches.
+    p = aenv("pull", seeded.multi, "--name", template_name)
+    assert p.returncode == 0, p.stderr
+    assert "up to date" in p.stderr
+
+
+def test_a_pull_that_fails_says_why_in_one_line_and_leaves_no_template(
+        node: NodeProcess, seeded: Seeded, template_name: str) -> None:
+    host = seeded.registry.host
+    for ref, why in [(f"{host}/test/multi:no-such-tag", "manifest unknown"),
+                     ("127.0.0.1:1/test/multi:1", "connection refused"),
+                     ("Not/A:Reference", "lowercase")]:  # fmt: skip
+        p = aenv("pull", ref, "--name", template_name)
+        assert p.returncode == 1, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert lines[-1].startswith("aenv: ") and why in lines[-1], p.stderr
+        assert "Traceback" not in p.stderr
+        assert not (DATA_DIR / "templates" / template_name).exists()
+    leftovers = [q.name for q in (DATA_DIR / "templates").iterdir() if template_name in q.name]
+    assert leftovers == []

@@ -1,0 +1,207 @@
+"""Real registries and images made offline, for the images plane's tests.
+
+`Registry` runs Debian's `docker-registry` (the CNCF distribution registry) on a free
+loopback port, storing in a directory of the test's own. `OciImage` builds images with
+`umoci` (layers from directories, config) and pushes them with `skopeo`, so nothing is
+fetched from outside the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.support.host import free_port
+
+REGISTRY_BIN = "/usr/bin/docker-registry"
+BUSYBOX = Path("/bin/busybox")
+START_DEADLINE_S = 30
+
+
+def have_tools() -> str | None:
+    """Why these tests cannot run here, or None."""
+    for tool in (REGISTRY_BIN, "skopeo", "umoci"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (scripts/install-host-deps.sh)"
+    return None
+
+
+@dataclass
+class Registry:
+    root: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Registry:
+        self.root.mkdir(parents=True, exist_ok=True)
+        conf = self.root / "config.yml"
+        conf.write_text(
+            "version: 0.1\n"
+            "log: {level: info, accesslog: {disabled: false}}\n"
+            f"storage: {{filesystem: {{rootdirectory: {self.root / 'data'}}}, "
+            "delete: {enabled: true}}\n"
+            f"http: {{addr: '{self.host}'}}\n"
+        )
+        log = (self.root / "registry.log").open("ab")
+        self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(conf)], stdout=log,
+                                     stderr=log, stdin=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + START_DEADLINE_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.root / "registry.log").read_text()
+            try:
+                if httpx.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("docker-registry did not answer in time")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def blob_gets(self, digest: str) -> int:
+        """How many times a blob was fetched (GET; a HEAD only asks whether it exists)."""
+        log = (self.root / "registry.log").read_text(errors="replace")
+        return sum(1 for ln in log.splitlines()
+                   if f"/blobs/{digest}" in ln and '"GET ' in ln)  # fmt: skip
+
+    def blob_files(self) -> list[Path]:
+        return sorted((self.root / "data").rglob("blobs/sha256/*/*/data"))
+
+
+def run(argv: list[str]) -> str:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"{argv[:3]} failed: {p.stderr[-2000:]}"
+    return p.stdout
+
+
+def busybox_tree(root: Path) -> Path:
+    """A minimal busybox root filesystem with only root in /etc/passwd (no `user`, no bash)."""
+    for d in ("bin", "etc", "tmp", "root"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, root / "bin/busybox")
+    names = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True).stdout
+    for name in names.split():
+        if not (root / "bin" / name).exists():
+            (root / "bin" / name).symlink_to("busybox")
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc/group").write_text("root:x:0:\n")
+    return root
+
+
+@dataclass
+class OciImage:
+    """An image under construction in an OCI layout of its own, layer by layer."""
+
+    layout: Path
+    tag: str = "latest"
+    fresh: bool = True
+
+    def __post_init__(self) -> None:
+        if self.fresh:
+            run(["umoci", "init", "--layout", str(self.layout)])
+            run(["umoci", "new", "--image", self.ref])
+
+    def branch(self, tag: str) -> OciImage:
+        """Another image in the same layout, starting from this one's layers (so the two
+        share those blobs byte for byte)."""
+        run(["umoci", "tag", "--image", self.ref, tag])
+        return OciImage(self.layout, tag, fresh=False)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.layout}:{self.tag}"
+
+    def layer(self, change: object) -> None:
+        """A layer holding what `change(rootfs)` does to the tree so far (umoci diffs it:
+        removed files become whiteouts)."""
+        bundle = self.layout.parent / f"{self.layout.name}-bundle"
+        shutil.rmtree(bundle, ignore_errors=True)
+        run(["umoci", "unpack", "--image", self.ref, str(bundle)])
+        change(bundle / "rootfs")  # type: ignore[operator]
+        run(["umoci", "repack", "--image", self.ref, str(bundle)])
+        shutil.rmtree(bundle)
+
+    def insert_opaque(self, src: Path, target: str) -> None:
+        run(["umoci", "insert", "--image", self.ref, "--opaque", str(src), target])
+
+    def config(self, *args: str) -> None:
+        run(["umoci", "config", "--image", self.ref, *args])
+
+    def push(self, registry: Registry, repo: str) -> str:
+        dest = f"{registry.host}/{repo}"
+        run(["skopeo", "--insecure-policy", "copy", "--dest-tls-verify=false",
+             f"oci:{self.ref}", f"docker://{dest}"])  # fmt: skip
+        return dest
+
+
+def set_xattr(path: Path, name: str, value: bytes) -> None:
+    os.setxattr(path, name, value, follow_symlinks=False)
+
+
+@dataclass
+class Seeded:
+    registry: Registry
+    multi: str  # base + a layer with whiteout, hardlink, setuid, xattr, owner + opaque dir
+    sibling: str  # the same base layer + a layer of its own
+    hub_name: str  # pushed as library/ubuntu:22.04, for the docker.io mirror
+
+
+def _base(root: Path) -> None:
+    busybox_tree(root)
+    (root / "etc/gone").write_text("removed by the next layer")
+    (root / "opt/data").mkdir(parents=True)
+    (root / "opt/data/old").write_text("hidden by an opaque directory")
+
+
+def _delta(root: Path) -> None:
+    (root / "etc/gone").unlink()
+    (root / "srv").mkdir()
+    (root / "srv/a").write_text("A")
+    os.link(root / "srv/a", root / "srv/b")
+    (root / "srv/suid").write_text("s")
+    os.chmod(root / "srv/suid", 0o4755)
+    (root / "srv/x").write_text("x")
+    set_xattr(root / "srv/x", "user.aenv", b"ok")
+    os.chown(root / "srv/a", 123, 456)
+    (root / "srv/link").symlink_to("/etc/passwd")
+
+
+@contextlib.contextmanager
+def seeded_registry(work: Path) -> Iterator[Seeded]:
+    """A registry holding the test images (built here, offline)."""
+    reg = Registry(work / "registry").start()
+    try:
+        multi = OciImage(work / "layout", "multi")
+        multi.layer(_base)
+        sibling = multi.branch("sibling")
+        multi.layer(_delta)
+        newdata = work / "newdata"
+        newdata.mkdir()
+        (newdata / "new").write_text("new")
+        multi.insert_opaque(newdata, "/opt/data")
+        multi.config("--config.env", "FOO=bar", "--config.workingdir", "/work",
+                     "--config.user", "1000")  # fmt: skip
+        sibling.layer(lambda r: (r / "sibling").write_text("own"))
+        yield Seeded(reg, multi.push(reg, "test/multi:1"), sibling.push(reg, "test/sibling:1"),
+                     multi.push(reg, "library/ubuntu:22.04"))  # fmt: skip
+    finally:
+        reg.stop()
