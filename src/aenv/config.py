@@ -91,6 +91,15 @@ class Config(BaseModel):
     disk_reserve_mib: int = Field(1024, ge=0)
     log_level: str = "info"
     registry: RegistryConfig = RegistryConfig()
+    # Template builds (E2B's build API): how many run at once, what their build VMs may reach
+    # (CIDRs; "0.0.0.0/0" is the public internet, as E2B gives builds for apt-get and pip;
+    # private and host ranges stay closed), and the largest build context archive.
+    max_concurrent_builds: int = Field(2, ge=1, le=64)
+    # The origin clients reach this node at, for URLs it hands out (build file uploads);
+    # unset: the origin of the request (its Host header), as seen behind a proxy too.
+    public_url: str | None = None
+    build_egress_allow: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])
+    build_context_max_bytes: int = Field(1 << 30, ge=1 << 20)
 
     # Which Runtime the node drives: "qemu" (real microVMs) or "fake" (no VMs; API tests only).
     runtime: Literal["qemu", "fake"] = "qemu"
@@ -184,6 +193,9 @@ _SIMPLE_ENV = {
     "FAULTS": "faults",
     "SCRUB_INTERVAL_S": "scrub_interval_s",
     "SCRUB_RATE_MIB_S": "scrub_rate_mib_s",
+    "MAX_CONCURRENT_BUILDS": "max_concurrent_builds",
+    "PUBLIC_URL": "public_url",
+    "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
 }
 
 
@@ -202,6 +214,9 @@ def load(
     for suffix, field in _SIMPLE_ENV.items():
         if ENV_PREFIX + suffix in env:
             data[field] = env[ENV_PREFIX + suffix]
+    if ENV_PREFIX + "BUILD_EGRESS_ALLOW" in env:  # "198.19.0.0/16,10.1.2.3/32"
+        cidrs = env[ENV_PREFIX + "BUILD_EGRESS_ALLOW"].split(",")
+        data["build_egress_allow"] = [x.strip() for x in cidrs if x.strip()]
     if ENV_PREFIX + "REGISTRY_MIRRORS" in env:  # "docker.io=http://a:5000,http://b;ghcr.io=..."
         mirrors: dict[str, list[str]] = {}
         for item in filter(None, env[ENV_PREFIX + "REGISTRY_MIRRORS"].split(";")):

@@ -16,6 +16,7 @@ import pytest
 from e2b import Sandbox
 
 from tests.support.host import DATA_DIR
+from tests.support.image_state import removed_after
 from tests.support.registry import Seeded, have_tools, seeded_registry
 
 from .conftest import NodeProcess
@@ -30,7 +31,7 @@ GUEST_PY = ("PYTHONHOME=/.aenv/python /.aenv/lib/ld-linux-x86-64.so.2 --library-
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with seeded_registry(tmp_path_factory.mktemp("registry")) as s:
+    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
         yield s
 
 

@@ -17,10 +17,12 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 import aenv
-from aenv.api import errors, links, sandboxes, snapshots, system, templates
+from aenv.api import builds, errors, links, sandboxes, snapshots, system, templates, uploads
 from aenv.api.auth import resolve_api_key
 from aenv.api.proxy import DataPlaneProxy, send_json
 from aenv.config import Config
+from aenv.images.builds import Builds
+from aenv.images.context import ContextStore
 from aenv.orchestrator.factory import make_runtime
 from aenv.orchestrator.runtime_api import Runtime
 from aenv.orchestrator.service import Orchestrator
@@ -44,9 +46,11 @@ def build_api(node: Node) -> FastAPI:
     api.state.orchestrator = node.orchestrator
     api.state.api_key = node.api_key
     api.state.domain = node.config.domain or None
+    api.state.builds = node.builds
     errors.install(api)
     api.include_router(system.router)
     api.include_router(sandboxes.router)
+    api.include_router(builds.router)  # before the catch-all /templates/{id:path} routes
     api.include_router(snapshots.router)
     api.include_router(templates.router)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
@@ -79,6 +83,7 @@ class Node:
         self.orchestrator = Orchestrator(config, self.runtime)
         self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain,
                                     resolve=self.orchestrator.route_for_paused)  # fmt: skip
+        self.builds = _builds(config, self.runtime)
         self.api = build_api(self)
         self._health = _HEALTH
         self._started = False
@@ -98,6 +103,8 @@ class Node:
 
     async def close(self) -> None:
         try:
+            if self.builds is not None:
+                await self.builds.close()  # their VMs go before the runtime does
             await self.orchestrator.close()
         finally:
             await self.proxy.aclose()
@@ -108,6 +115,8 @@ class Node:
             target = self.proxy.match(scope)
             if target is not None:
                 await self.proxy.handle(scope, receive, send, target)
+            elif uploads.is_upload(scope):
+                await uploads.handle(self.builds and self.builds.contexts, scope, receive, send)
             elif kind == "http" and scope["path"] == "/health" and scope["method"] == "GET":
                 await _send_bytes(send, 200, self._health)  # hot path: load balancers poll it
             elif kind == "http":
@@ -178,6 +187,14 @@ class Node:
 
 
 _HEALTH = b'{"status":"ok"}'
+
+
+def _builds(config: Config, runtime: Runtime) -> Builds | None:
+    """Template builds need build VMs: the real runtime only (not the fake one)."""
+    if not hasattr(runtime, "snapshot_build"):
+        return None
+    contexts = ContextStore(config.images_dir / "contexts", config.build_context_max_bytes)
+    return Builds(config, runtime, contexts)
 
 
 async def _send_bytes(send: Any, status: int, body: bytes) -> None:

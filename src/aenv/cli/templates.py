@@ -163,7 +163,13 @@ def _source_tree(source: Path, scratch: Path) -> Iterator[tuple[Path, str]]:
 
 
 def build(
-    name: Annotated[str, typer.Argument(help="Template name.")],
+    name: Annotated[str, typer.Argument(help="Template name (name[:tag] with -f).")],
+    context: Annotated[Path | None, typer.Argument(
+        help="With -f: the build context (COPY sources) [default: the Dockerfile's directory]",
+        show_default=False)] = None,
+    dockerfile: Annotated[Path | None, typer.Option(
+        "--file", "-f", help="Build this Dockerfile through the node's E2B build API (no root "
+        "needed; the log streams; Ctrl-C cancels).", show_default=False)] = None,
     recipe: Annotated[str, typer.Option(
         "--recipe", "-r", help="Built-in rootfs recipe: debian or busybox.")] = "debian",
     source: Annotated[Path | None, typer.Option(
@@ -174,7 +180,18 @@ def build(
     disk: DiskOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if up to date.")] = False,
 ) -> None:
-    """Build a template on this host (root only; the node may be running)."""
+    """Build a template: from a Dockerfile through the node's API (-f), or on this host from a
+    recipe or a root filesystem (root only; the node may be running)."""
+    if dockerfile is not None:
+        if source is not None or disk is not None:
+            raise CliError("-f builds through the node's API: --from and --disk do not apply")
+        from aenv.cli.dockerfile import build_dockerfile
+
+        build_dockerfile(name, dockerfile, context, cpu, parse_mib(memory) if memory else None,
+                         force)  # fmt: skip
+        return
+    if context is not None:
+        raise CliError("a build context goes with -f Dockerfile")
 
     async def make(rt: Any, shape: Any, say: Callable[[str], None]) -> Any:
         from aenv.orchestrator.builder import build_template
@@ -201,7 +218,10 @@ def run_local_build(verb: str, name: str, cpu: int | None, memory: str | None,
     from aenv import config as node_config
 
     cfg = node_config.load()
-    cfg = cfg.model_copy(update={"instance": "build" + secrets.token_hex(2)[:3]})
+    # No warm or primed pools: a build boots one VM, and a pool's VMs would only cost CPU
+    # (and a failing pull would start and end them for nothing).
+    cfg = cfg.model_copy(update={"instance": "build" + secrets.token_hex(2)[:3],
+                                 "warm_pool_size": 0, "primed_pool_size": 0})
     shape = cfg.default_shape.model_copy(update={
         k: v for k, v in (("vcpus", cpu),
                           ("memory_mib", parse_mib(memory) if memory else None),

@@ -41,7 +41,7 @@ def _skopeo_progress(progress: Callable[[str], None]) -> Callable[[str], None]:
     return on_line
 
 
-async def template_from_image(rt: object, image: str, name: str,
+async def template_from_image(rt: object, image: str, name: str | None,
                               shape: MachineShape | None = None,
                               creds: Credentials | None = None, start_cmd: str | None = None,
                               progress: Callable[[str], None] = print,
@@ -60,6 +60,12 @@ async def template_from_image(rt: object, image: str, name: str,
         on_line=_skopeo_progress(progress))  # fmt: skip
     progress(f"image {pulled.manifest_digest} ({len(pulled.layers)} layers, "
              f"{pulled.size >> 20} MiB)")  # fmt: skip
+    # A build's base image (no name given) is a template named by its digest: shared by
+    # every build FROM that image, and rebuilt by none.
+    if name is None:
+        size = shape or cfg.default_shape
+        name = (f"image-{pulled.manifest_digest.removeprefix('sha256:')[:12]}-"
+                f"{size.vcpus}c{size.memory_mib}m{size.disk_mib}d")  # fmt: skip
     users: list[str | None] = []
 
     def fill(root: Path) -> None:

@@ -319,10 +319,13 @@ class Runtime:
         return self._template_info(name_or_id)
 
     def _template_info(self, name: str) -> TemplateInfo:
+        base, _, tag = name.partition(":")  # "name:tag": a tag its last build carries
         try:
-            t = self.catalog.get(name)
+            t = self.catalog.get(base)
         except TemplateMissing:
             raise TemplateNotFound(f"template {name!r} not found") from None
+        if tag and tag not in t.tags and tag != "default":
+            raise TemplateNotFound(f"template {base!r} has no tag {tag!r}")
         return TemplateInfo(
             template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,
             envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,
@@ -803,6 +806,21 @@ class Runtime:
         man.memory = memory
         await self.snapshot(name, man)
         return _snapshot_info(man)
+
+    async def snapshot_build(self, name: str, snapshot_id: str, template: str) -> None:
+        """A template build's snapshot of its VM (a step cache entry, or the template): like a
+        template's own, it has no parent sandbox, so snapshot listings never show it."""
+        m = self._machines[name]
+        man = self._manifest_of(m, snapshot_id)
+        man.template = template
+        await self.snapshot(name, man)
+
+    def has_snapshot(self, snapshot_id: str) -> bool:
+        try:
+            self.snapshots.get(snapshot_id)
+        except (SnapshotNotFound, SnapshotCorrupt):
+            return False
+        return True
 
     def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
         """A sandbox's snapshot (not a template's own, nor a fork's transient one)."""

@@ -32,6 +32,9 @@ class Template:
     user: str | None = None
     workdir: str | None = None
     start_cmd: str | None = None
+    # An E2B build's: its tags (`name:tag` resolves to this build) and build id (a UUID).
+    tags: list[str] = field(default_factory=list)
+    e2b_build_id: str = ""
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)

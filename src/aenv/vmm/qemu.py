@@ -234,18 +234,28 @@ class QemuDriver(Driver):
                     deadline_s: float = KVM_PROBE_DEADLINE) -> bool:
         """The boot probe: `kernel` reaches its no-root-disk panic under `accel` within
         `deadline_s` (KVM: well under a second; TCG: seconds, more on a busy host)."""
+        return self.probe(accel, kernel, deadline_s)[0]
+
+    def probe(self, accel: Accel, kernel: Path,
+              deadline_s: float = KVM_PROBE_DEADLINE) -> tuple[bool, str]:
+        """probe_boots, and what QEMU printed (the tail), for a failure to be read."""
         argv = ["setpriv", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
                 "--ambient-caps=-all", "--",
                 self.binary, "-M", f"microvm,accel={accel.value}",
                 "-cpu", "host" if accel is Accel.KVM else "max", "-m", "128",
                 "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
                 "-sandbox", SANDBOX_OPTS, "-serial", "stdio", "-kernel", str(kernel),
-                "-append", "console=ttyS0 panic=-1 reboot=t"]  # fmt: skip
+                # The TSC frequency given, as for sandboxes: a busy host can make the kernel's
+                # own calibration fail (no PIT or HPET on microvm) and the boot hang there.
+                "-append", f"console=ttyS0 panic=-1 reboot=t tsc_early_khz={host_tsc_khz()} "
+                "tsc=reliable"]  # fmt: skip
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            return False
-        return "Unable to mount root" in r.stdout or "Kernel panic" in r.stdout
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else ""
+            return False, f"no panic within {deadline_s:.0f} s: ...{out[-1500:]}"
+        ok = "Unable to mount root" in r.stdout or "Kernel panic" in r.stdout
+        return ok, f"exit {r.returncode}: ...{r.stdout[-1500:]} {r.stderr[-500:]}"
 
     def argv(self, spec: VmSpec, *, incoming: bool, tap_fd: int | None = None) -> list[str]:
         accel = self.accel()

@@ -1,0 +1,104 @@
+"""E2B template builds with the unmodified SDK: `Template.build` FROM an image on a local
+registry, with COPY of a directory, RUN, ENV, WORKDIR and USER; the step cache on a rebuild;
+and failures that name their step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException
+
+from tests.support.image_state import removed_after
+from tests.support.registry import Seeded, have_tools, seeded_registry
+
+from .conftest import NodeProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
+              pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
+        yield s
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Path:
+    (tmp_path / "app/sub").mkdir(parents=True)
+    (tmp_path / "app/a.txt").write_text("from the context\n")
+    (tmp_path / "app/sub/b.txt").write_text("nested\n")
+    (tmp_path / "app/link").symlink_to("a.txt")
+    return tmp_path
+
+
+def _template(seeded: Seeded, context: Path, last: str) -> Template:
+    return (Template(file_context_path=str(context))
+            .from_image(seeded.multi)
+            .copy("app", "/srv/app")
+            .run_cmd("echo built > /srv/built.txt", user="root")
+            .set_envs({"GREETING": "hello"})
+            .set_workdir("/srv/app")
+            .set_user("user")
+            .run_cmd(last))  # fmt: skip
+
+
+def test_a_dockerfile_like_build_and_its_step_cache(node: NodeProcess, seeded: Seeded,
+                                                   context: Path) -> None:
+    name = f"e2e-build-{int(time.time() * 1000) % 10**8}"
+    logs: list[str] = []
+    t0 = time.monotonic()
+    Template.build(_template(seeded, context, "echo $GREETING > mine.txt"), name,
+                   on_build_logs=lambda e: logs.append(e.message))  # fmt: skip
+    cold = time.monotonic() - t0
+    assert Template.exists(name)
+    sbx = Sandbox.create(name, timeout=120)
+    try:
+        r = sbx.commands.run("cat a.txt sub/b.txt /srv/built.txt mine.txt; readlink link; "
+                             "echo $GREETING; pwd; whoami; stat -c %U a.txt")  # fmt: skip
+        assert r.stdout.split("\n")[:-1] == ["from the context", "nested", "built", "hello",
+                                             "a.txt", "hello", "/srv/app", "user", "user"]
+    finally:
+        sbx.kill()
+
+    # Only the last step changed: everything before it comes from the step cache.
+    logs.clear()
+    t0 = time.monotonic()
+    Template.build(_template(seeded, context, "echo changed > mine.txt"), name,
+                   on_build_logs=lambda e: logs.append(e.message))  # fmt: skip
+    warm = time.monotonic() - t0
+    cached = [m for m in logs if m.startswith("CACHED")]
+    assert len(cached) == 5, logs
+    print(f"cold build {cold:.1f} s, rebuild with the last step changed {warm:.1f} s "
+          f"({warm / cold:.2f}x)")
+    sbx = Sandbox.create(name, timeout=120)
+    try:
+        assert sbx.commands.run("cat mine.txt").stdout == "changed\n"
+    finally:
+        sbx.kill()
+
+
+def test_a_failing_step_names_itself_and_leaves_no_template(node: NodeProcess, seeded: Seeded,
+                                                           context: Path) -> None:
+    name = f"e2e-broken-{int(time.time() * 1000) % 10**8}"
+    t = (Template(file_context_path=str(context)).from_image(seeded.multi)
+         .run_cmd("echo step-one").run_cmd("echo about to fail; exit 3"))  # fmt: skip
+    with pytest.raises(BuildException) as e:
+        Template.build(t, name)
+    assert "exit code 3" in str(e.value) and "about to fail" in str(e.value)
+    assert not Template.exists(name)
+
+    t = Template().from_image(seeded.multi).run_cmd("whoami", user="root123")
+    with pytest.raises(BuildException) as e:
+        Template.build(t, name)
+    assert ("failed to run command 'whoami': command failed: unauthenticated: invalid "
+            "username: 'root123'") in str(e.value)
+
+    with pytest.raises(BuildException) as e:
+        Template.build(Template().from_image(f"{seeded.registry.host}/test/none:1"), name)
+    assert "manifest unknown" in str(e.value)
+    assert not Template.exists(name)
