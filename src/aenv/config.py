@@ -39,6 +39,7 @@ class RegistryConfig(BaseModel):
     insecure: list[str] = Field(default_factory=list)
     auth_file: Path | None = None  # a Docker config.json with credentials per registry
     ca_file: Path | None = None  # a PEM CA trusted besides the system store
+    insecure_loopback: bool = True  # false: loopback registries need verified HTTPS too
 
 
 class Config(BaseModel):
@@ -94,6 +95,9 @@ class Config(BaseModel):
     # Template builds (E2B's build API): how many run at once, what their build VMs may reach
     # (CIDRs; "0.0.0.0/0" is the public internet, as E2B gives builds for apt-get and pip;
     # private and host ranges stay closed), and the largest build context archive.
+    # The image cache's bound (blobs of pulled images): images no template was made from are
+    # evicted, least recently used first, beyond it.
+    image_cache_bytes: int = Field(32 << 30, ge=1 << 20)
     max_concurrent_builds: int = Field(2, ge=1, le=64)
     # The origin clients reach this node at, for URLs it hands out (build file uploads);
     # unset: the origin of the request (its Host header), as seen behind a proxy too.
@@ -194,6 +198,7 @@ _SIMPLE_ENV = {
     "SCRUB_INTERVAL_S": "scrub_interval_s",
     "SCRUB_RATE_MIB_S": "scrub_rate_mib_s",
     "MAX_CONCURRENT_BUILDS": "max_concurrent_builds",
+    "IMAGE_CACHE_BYTES": "image_cache_bytes",
     "PUBLIC_URL": "public_url",
     "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
 }

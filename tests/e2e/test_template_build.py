@@ -78,6 +78,14 @@ def test_a_dockerfile_like_build_and_its_step_cache(node: NodeProcess, seeded: S
     sbx = Sandbox.create(name, timeout=120)
     try:
         assert sbx.commands.run("cat mine.txt").stdout == "changed\n"
+        # Deleting the template: gone for new sandboxes, kept by the ones made from it.
+        with node.api() as c:
+            assert c.delete(f"/templates/{name}").status_code == 204
+            assert c.delete(f"/templates/{name}").status_code == 404
+            r = c.delete("/templates/base")
+            assert r.status_code == 400 and "default template" in r.json()["message"]
+        assert not Template.exists(name)
+        assert sbx.commands.run("cat mine.txt").stdout == "changed\n"
     finally:
         sbx.kill()
 

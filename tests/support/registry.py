@@ -9,6 +9,8 @@ fetched from outside the machine.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +24,8 @@ import httpx
 from tests.support.host import free_port
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
+REF_NAME = "org.opencontainers.image.ref.name"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 BUSYBOX = Path("/bin/busybox")
 START_DEADLINE_S = 30
 
@@ -39,6 +43,8 @@ class Registry:
     root: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    tls: tuple[Path, Path] | None = None  # certificate and key: HTTPS
+    auth: str = ""  # a YAML flow mapping for `auth:` (htpasswd, token)
 
     @property
     def host(self) -> str:
@@ -47,12 +53,14 @@ class Registry:
     def start(self) -> Registry:
         self.root.mkdir(parents=True, exist_ok=True)
         conf = self.root / "config.yml"
+        tls = f", tls: {{certificate: {self.tls[0]}, key: {self.tls[1]}}}" if self.tls else ""
         conf.write_text(
             "version: 0.1\n"
             "log: {level: info, accesslog: {disabled: false}}\n"
             f"storage: {{filesystem: {{rootdirectory: {self.root / 'data'}}}, "
             "delete: {enabled: true}}\n"
-            f"http: {{addr: '{self.host}'}}\n"
+            f"http: {{addr: '{self.host}'{tls}}}\n"
+            + (f"auth: {self.auth}\n" if self.auth else "")
         )
         log = (self.root / "registry.log").open("ab")
         self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(conf)], stdout=log,
@@ -61,7 +69,9 @@ class Registry:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.root / "registry.log").read_text()
             try:
-                if httpx.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
+                scheme = "https" if self.tls else "http"
+                r = httpx.get(f"{scheme}://{self.host}/v2/", timeout=1, verify=False)
+                if r.status_code in (200, 401):
                     return self
             except httpx.HTTPError:
                 pass
@@ -143,12 +153,42 @@ class OciImage:
     def insert_opaque(self, src: Path, target: str) -> None:
         run(["umoci", "insert", "--image", self.ref, "--opaque", str(src), target])
 
+    def descriptor(self) -> dict[str, object]:
+        index = json.loads((self.layout / "index.json").read_text())
+        return next(m for m in index["manifests"]
+                    if m.get("annotations", {}).get(REF_NAME) == self.tag)  # fmt: skip
+
+    def index_of(self, tag: str, platforms: dict[str, OciImage]) -> OciImage:
+        """A multi-platform image (an OCI index) in this layout: `arch -> image` of the
+        same layout, each entry pointing at that image's manifest."""
+        entries = []
+        for arch, img in platforms.items():
+            d = {k: v for k, v in img.descriptor().items() if k != "annotations"}
+            entries.append({**d, "platform": {"os": "linux", "architecture": arch}})
+        blob = json.dumps({"schemaVersion": 2, "mediaType": INDEX_TYPE,
+                           "manifests": entries}).encode()  # fmt: skip
+        digest = hashlib.sha256(blob).hexdigest()
+        (self.layout / "blobs/sha256" / digest).write_bytes(blob)
+        index = json.loads((self.layout / "index.json").read_text())
+        index["manifests"].append({"mediaType": INDEX_TYPE, "digest": f"sha256:{digest}",
+                                   "size": len(blob), "annotations": {REF_NAME: tag}})
+        (self.layout / "index.json").write_text(json.dumps(index))
+        return OciImage(self.layout, tag, fresh=False)
+
+    def push_all(self, registry: Registry, repo: str) -> str:
+        """Push an index with every image it names."""
+        dest = f"{registry.host}/{repo}"
+        run(["skopeo", "--insecure-policy", "copy", "--all", "--dest-tls-verify=false",
+             f"oci:{self.ref}", f"docker://{dest}"])  # fmt: skip
+        return dest
+
     def config(self, *args: str) -> None:
         run(["umoci", "config", "--image", self.ref, *args])
 
-    def push(self, registry: Registry, repo: str) -> str:
+    def push(self, registry: Registry, repo: str, creds: str | None = None) -> str:
         dest = f"{registry.host}/{repo}"
         run(["skopeo", "--insecure-policy", "copy", "--dest-tls-verify=false",
+             *([f"--dest-creds={creds}"] if creds else []),
              f"oci:{self.ref}", f"docker://{dest}"])  # fmt: skip
         return dest
 
@@ -162,7 +202,11 @@ class Seeded:
     registry: Registry
     multi: str  # base + a layer with whiteout, hardlink, setuid, xattr, owner + opaque dir
     sibling: str  # the same base layer + a layer of its own
-    hub_name: str  # pushed as library/ubuntu:22.04, for the docker.io mirror
+    hub_name: str  # sibling, pushed as library/ubuntu:22.04 for the docker.io mirror
+    multiarch: str  # an index: amd64 -> multi, arm64 -> sibling
+    arm_only: str  # an index with an arm64 image alone
+    # Stand-ins under the Docker Hub names the E2B SDK's template tests use (also sibling).
+    hub_names: tuple[str, ...] = ("library/ubuntu:22.04", "e2bdev/base:latest")
 
 
 def _base(root: Path) -> None:
@@ -201,7 +245,11 @@ def seeded_registry(work: Path) -> Iterator[Seeded]:
         multi.config("--config.env", "FOO=bar", "--config.workingdir", "/work",
                      "--config.user", "1000")  # fmt: skip
         sibling.layer(lambda r: (r / "sibling").write_text("own"))
+        hub = [sibling.push(reg, name) for name in Seeded.hub_names]
+        both = multi.index_of("multiarch", {"arm64": sibling, "amd64": multi})
+        arm = multi.index_of("armonly", {"arm64": sibling})
         yield Seeded(reg, multi.push(reg, "test/multi:1"), sibling.push(reg, "test/sibling:1"),
-                     multi.push(reg, "library/ubuntu:22.04"))  # fmt: skip
+                     hub[0], both.push_all(reg, "test/multiarch:1"),
+                     arm.push_all(reg, "test/armonly:1"))  # fmt: skip
     finally:
         reg.stop()

@@ -182,6 +182,9 @@ class Template(BaseModel):
     buildCount: int = 1
     envdVersion: str
     buildStatus: str = "ready"
+    # aenv's own (E2B clients ignore them): what it was made from and its disk's bytes.
+    source: str = ""
+    sizeBytes: int = 0
 
 
 class TemplateAlias(BaseModel):

@@ -32,6 +32,8 @@ def _template(t: TemplateInfo) -> Template:
         createdAt=t.created_at,
         updatedAt=t.created_at,
         envdVersion=t.envd_version,
+        source=t.source,
+        sizeBytes=t.size_bytes,
     )
 
 

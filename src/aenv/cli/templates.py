@@ -53,12 +53,13 @@ def ls(as_json: JsonOpt = None) -> None:
             f"{t.get('diskSizeMB', '')} MiB",
             t.get("envdVersion", ""),
             output.ago(t.get("createdAt")),
-            t.get("buildID", ""),
+            t.get("source") or "-",
+            output.size(int(t.get("sizeBytes") or 0)) if t.get("sizeBytes") else "-",
         ]
         for t in items
     ]
     output.print_table(
-        ["TEMPLATE", "ALIASES", "CPU", "MEMORY", "DISK", "ENVD", "BUILT", "BUILD ID"], rows
+        ["TEMPLATE", "ALIASES", "CPU", "MEMORY", "DISK", "ENVD", "BUILT", "SOURCE", "SIZE"], rows
     )
 
 

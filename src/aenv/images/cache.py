@@ -12,6 +12,7 @@ file); different hosts' caches are separate.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import re
@@ -127,8 +128,23 @@ class ImageCache:
         d = self.layout / "blobs" / "sha256"
         return {f"sha256:{p.name}" for p in d.iterdir()} if d.is_dir() else set()
 
+    def tags(self) -> dict[str, set[str]]:
+        """Each image in the layout (by tag) and every blob it references."""
+        out: dict[str, set[str]] = {}
+        for m in self._index():
+            tag = (m.get("annotations") or {}).get(REF_ANNOTATION)
+            if not tag:
+                continue
+            blobs = {str(m["digest"])}
+            with contextlib.suppress(RegistryError, KeyError, TypeError):
+                manifest = self._blob_json(str(m["digest"]))
+                blobs.add(str(manifest["config"]["digest"]))
+                blobs |= {str(x["digest"]) for x in manifest.get("layers") or []}
+            out[str(tag)] = blobs
+        return out
+
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         with (self.root / ".lock").open("a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
@@ -149,13 +165,18 @@ class ImageCache:
                           f"{free >> 20} MiB are free")  # fmt: skip
 
     def pull(self, ref: Reference, creds: Credentials | None = None, *, reserve_bytes: int = 0,
-             on_line: Callable[[str], None] | None = None) -> CachedImage:
+             on_line: Callable[[str], None] | None = None,
+             admit: Callable[[RemoteImage], None] | None = None) -> CachedImage:
+        """`admit` may refuse an image the cache lacks (its bound) before anything is
+        written."""
         remote = self.skopeo.inspect(ref, creds)
         cached = self.find(ref, remote.digest)
         if cached is not None:
             return cached
         self._check_space(remote, reserve_bytes)
-        with self._locked():
+        if admit is not None:
+            admit(remote)
+        with self.locked():
             cached = self.find(ref, remote.digest)  # another pull may just have finished it
             if cached is None:
                 self.skopeo.copy_to_layout(remote, self.layout, layout_tag(remote.digest),
@@ -171,7 +192,7 @@ class ImageCache:
         """The image's layers applied in order into `dest` (which must not exist): umoci
         honours whiteouts, opaque directories, owners, modes, xattrs, hardlinks, symlinks and
         device nodes, and keeps every path inside `dest`."""
-        with self._locked():  # a concurrent pull rewrites index.json
+        with self.locked():  # a concurrent pull rewrites index.json
             try:
                 p = subprocess.run([UMOCI, "raw", "unpack", "--image",
                                     f"{self.layout}:{image.tag}", str(dest)],

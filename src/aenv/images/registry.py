@@ -66,6 +66,8 @@ class RegistrySettings:
     insecure: list[str] = field(default_factory=list)
     auth_file: Path | None = None  # a Docker config.json
     ca_file: Path | None = None  # trusted besides the system CA store
+    # Loopback registries may be plain HTTP (and unverified HTTPS), as with Docker.
+    insecure_loopback: bool = True
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,8 @@ class Skopeo:
                 self.mirrors.setdefault(registry, []).append((host, path.strip("/"), plain))
 
     def _plain_http_ok(self, registry: str) -> bool:
-        return Reference(registry, "x").is_loopback or registry in self.settings.insecure
+        loopback = self.settings.insecure_loopback and Reference(registry, "x").is_loopback
+        return loopback or registry in self.settings.insecure
 
     def candidates(self, ref: Reference) -> list[_Candidate]:
         out = []

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aenv.config import Config, MachineShape
-from aenv.images import rootfs
-from aenv.images.cache import CachedImage, ImageCache
+from aenv.images import eviction, rootfs
+from aenv.images.cache import CachedImage, ImageCache, layout_tag
 from aenv.images.reference import parse
 from aenv.images.registry import Credentials, RegistrySettings, Skopeo
 from aenv.storage.templates import Template
@@ -28,8 +28,15 @@ def image_cache(cfg: Config) -> ImageCache:
     settings = RegistrySettings(
         mirrors=dict(cfg.registry.mirrors), insecure=list(cfg.registry.insecure),
         auth_file=cfg.registry.auth_file, ca_file=cfg.registry.ca_file,
+        insecure_loopback=cfg.registry.insecure_loopback,
     )  # fmt: skip
     return ImageCache(cfg.images_dir, Skopeo(settings, cfg.run_dir / "skopeo"))
+
+
+def pinned_tags(templates: list[Template]) -> set[str]:
+    """The cached images templates were made from (`…@sha256:…` in their source)."""
+    return {layout_tag(t.source_image.rsplit("@", 1)[1]) for t in templates
+            if "@sha256:" in t.source_image}  # fmt: skip
 
 
 def _skopeo_progress(progress: Callable[[str], None]) -> Callable[[str], None]:
@@ -55,9 +62,17 @@ async def template_from_image(rt: object, image: str, name: str | None,
     ref = parse(image)
     cache = image_cache(cfg)
     progress(f"pulling {ref}")
+    pinned = pinned_tags(rt.catalog.list())
     pulled: CachedImage = await asyncio.to_thread(
         cache.pull, ref, creds, reserve_bytes=cfg.disk_reserve_mib << 20,
-        on_line=_skopeo_progress(progress))  # fmt: skip
+        on_line=_skopeo_progress(progress),
+        admit=lambda remote: eviction.check_room(cache, remote, cfg.image_cache_bytes, pinned),
+    )  # fmt: skip
+    eviction.touch(cache, pulled.tag)
+    report = await asyncio.to_thread(eviction.evict, cache, cfg.image_cache_bytes,
+                                     pinned | {pulled.tag})
+    if report.evicted:
+        progress(f"image cache: evicted {len(report.evicted)} images no template needs")
     progress(f"image {pulled.manifest_digest} ({len(pulled.layers)} layers, "
              f"{pulled.size >> 20} MiB)")  # fmt: skip
     # A build's base image (no name given) is a template named by its digest: shared by

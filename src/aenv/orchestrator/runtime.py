@@ -330,6 +330,7 @@ class Runtime:
             template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,
             envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,
             size_bytes=t.rootfs_bytes, env=dict(t.env), user=t.user, workdir=t.workdir,
+            source=t.source_image or f"recipe:{t.recipe}",
         )
 
     # -- machines ----------------------------------------------------------------------
@@ -806,6 +807,13 @@ class Runtime:
         man.memory = memory
         await self.snapshot(name, man)
         return _snapshot_info(man)
+
+    def remove_template(self, name: str) -> None:
+        """Out of the catalog at once (renamed to a dot name, then removed); its snapshot is
+        the caller's to delete."""
+        trash = self.cfg.templates_dir / f".rm-{name}-{secrets.token_hex(3)}"
+        os.replace(self.catalog.dir(name), trash)
+        remove_tree(trash)
 
     async def snapshot_build(self, name: str, snapshot_id: str, template: str) -> None:
         """A template build's snapshot of its VM (a step cache entry, or the template): like a

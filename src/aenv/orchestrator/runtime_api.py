@@ -29,6 +29,7 @@ class TemplateInfo:
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     workdir: str | None = None
+    source: str = ""  # what it was made from: a recipe, an image@digest, template:NAME
 
 
 @dataclass

@@ -706,18 +706,26 @@ class Orchestrator:
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Gone from listings and lookups at once; its files go now, or when the last
-        restore in flight from it has cloned them. NotFound (404); a template: 400."""
+        restore in flight from it has cloned them. NotFound (404). A template is deleted
+        the same way (sandboxes and snapshots made from it keep their own files), except the
+        node's default template (400)."""
         if self._snap_refs.hidden(snapshot_id):
             raise NotFound(f"snapshot '{snapshot_id}' not found")
         try:
             self.runtime.snapshot_info(snapshot_id)
         except TemplateNotFound:
             try:
-                self.runtime.template(snapshot_id)
+                info = self.runtime.template(snapshot_id)
             except TemplateNotFound:
                 raise NotFound(f"snapshot '{snapshot_id}' not found") from None
-            raise Unsupported(f"'{snapshot_id}' is a template: templates are removed with "
-                              f"the aenv CLI, not the API") from None
+            if info.template_id == self.config.default_template:
+                raise Unsupported(f"'{snapshot_id}' is the node's default template: it is "
+                                  "rebuilt or removed with the aenv CLI") from None
+            if not hasattr(self.runtime, "remove_template"):
+                raise Unsupported(f"'{snapshot_id}' is a template this runtime cannot "
+                                  "remove") from None
+            self.runtime.remove_template(info.template_id)
+            snapshot_id = info.build_id  # the template's snapshot, deleted like any other
         if self._snap_refs.doom(snapshot_id):
             self._delete_snapshot_files(snapshot_id)
         OPS_TOTAL.labels("snapshot_delete", "ok").inc()

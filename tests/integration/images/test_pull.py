@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from aenv.images import eviction
 from aenv.images.cache import ImageCache, NoSpace
 from aenv.images.reference import parse
 from aenv.images.registry import RegistryError, RegistrySettings, Skopeo
@@ -71,11 +72,24 @@ def test_blobs_are_shared_and_never_fetched_twice(seeded: Seeded, tmp_path: Path
     assert cache.cached_blobs() >= set(first.layers) | set(sibling.layers)
 
 
+def test_a_manifest_list_resolves_to_linux_amd64(seeded: Seeded, tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    multi = cache.pull(parse(seeded.multi))
+    image = cache.pull(parse(seeded.multiarch))
+    assert image.manifest_digest == multi.manifest_digest != image.digest  # the amd64 entry
+    assert image.layers == multi.layers and image.config == multi.config
+    with pytest.raises(RegistryError) as e:
+        cache.pull(parse(seeded.arm_only))
+    assert e.value.kind == "not_found" and "no linux/amd64 image" in str(e.value)
+    assert "linux/arm64" in str(e.value)
+
+
 def test_a_mirror_serves_docker_hub_names(seeded: Seeded, tmp_path: Path) -> None:
     cache = _cache(tmp_path, mirrors={"docker.io": [f"http://{seeded.registry.host}"]})
     image = cache.pull(parse("ubuntu:22.04"))
     assert str(image.reference) == "docker.io/library/ubuntu:22.04"
-    assert image.config.env == {"FOO": "bar"}
+    assert image.layers == cache.pull(parse(seeded.sibling)).layers
+    assert cache.pull(parse("e2bdev/base")).layers == image.layers
 
 
 def test_failures_say_which_and_leave_the_cache_as_it_was(seeded: Seeded, tmp_path: Path) -> None:
@@ -113,3 +127,37 @@ def test_a_blob_whose_digest_does_not_match_is_refused(seeded: Seeded, tmp_path:
         assert cache.find(parse(seeded.multi), remote.digest) is None
     finally:
         data.write_bytes(good)
+
+
+def test_the_bound_evicts_what_no_template_needs(seeded: Seeded, tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    a = cache.pull(parse(seeded.multi))
+    eviction.touch(cache, a.tag)
+    b = cache.pull(parse(seeded.sibling))
+    eviction.touch(cache, b.tag)
+    tags = cache.tags()
+    a_bytes = sum(cache.blob_path(d).stat().st_blocks * 512 for d in tags[a.tag])
+    # Room for `a` alone, and `a` pinned (a template was made from it): `b` goes, but not
+    # the base layer the two share.
+    report = eviction.evict(cache, a_bytes, {a.tag})
+    assert report.evicted == [b.tag] and report.total <= a_bytes
+    assert cache.find(b.reference, b.digest) is None
+    assert cache.find(a.reference, a.digest) == a
+    assert set(a.layers) <= cache.cached_blobs()
+    # An evicted image is pulled again when needed; its shared layer is not fetched again.
+    gets = seeded.registry.blob_gets(b.layers[-1])
+    assert cache.pull(parse(seeded.sibling)) == b
+    assert seeded.registry.blob_gets(b.layers[-1]) == gets + 1
+    assert seeded.registry.blob_gets(a.layers[0]) >= 1
+    # Pinned images alone over the bound: said, and a pull that does not fit is refused
+    # before anything is written.
+    small = a_bytes // 2
+    report = eviction.evict(cache, small, {a.tag, b.tag})
+    assert report.evicted == [] and report.total == report.pinned > small
+    eviction.evict(cache, a_bytes, {a.tag})
+    before = _state(cache)
+    with pytest.raises(NoSpace) as e:
+        cache.pull(parse(seeded.sibling), admit=lambda remote: eviction.check_room(
+            cache, remote, a_bytes, {a.tag}))
+    assert e.value.kind == "no_space" and "image_cache_bytes" in str(e.value)
+    assert _state(cache) == before

@@ -1,0 +1,102 @@
+"""The image cache's bound (`image_cache_bytes`): blobs of images no template needs go,
+least recently used first, until the cache fits. An image a template was made from is
+pinned (a rebuild needs no pull); nothing else needs a blob once its template's disk is made,
+so no sandbox, snapshot or template ever breaks when its image goes. When pinned images
+alone exceed the bound, the cache says so (a log line, the `aenv_image_cache_bytes` gauge),
+and a pull that would not fit beside them is refused before it writes anything (507).
+Removal is umoci's: untag the image, then collect the blobs no tag references.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge
+
+from aenv.images.cache import UMOCI, ImageCache, NoSpace
+from aenv.images.registry import RegistryError, RemoteImage
+from aenv.storage.files import write_json_atomic
+
+log = logging.getLogger(__name__)
+CACHE_BYTES = Gauge("aenv_image_cache_bytes", "Image cache blob bytes", ["kind"])
+EVICTIONS = Counter("aenv_image_cache_evictions_total", "Images evicted from the image cache")
+USAGE = "usage.json"
+
+
+@dataclass
+class Report:
+    total: int
+    pinned: int
+    evicted: list[str] = field(default_factory=list)
+
+
+def _usage(cache: ImageCache) -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads((cache.root / USAGE).read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def touch(cache: ImageCache, tag: str) -> None:
+    """`tag` was just used (pulled, or found cached)."""
+    usage = _usage(cache)
+    usage[tag] = time.time()
+    write_json_atomic(cache.root / USAGE, usage)
+
+
+def _size(cache: ImageCache, blobs: set[str]) -> int:
+    total = 0
+    for d in blobs:
+        p = cache.blob_path(d)
+        if p.exists():
+            total += p.stat().st_blocks * 512
+    return total
+
+
+def _umoci(*args: str) -> None:
+    p = subprocess.run([UMOCI, *args], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RegistryError(f"umoci {args[0]} failed: {p.stderr.strip()[-300:]}", "corrupt")
+
+
+def check_room(cache: ImageCache, remote: RemoteImage, bound: int, pinned: set[str]) -> None:
+    """NoSpace (507) when the image would not fit in the bound beside the pinned images."""
+    tags = cache.tags()
+    pinned_blobs = set().union(*(tags[t] for t in pinned if t in tags))
+    have = cache.cached_blobs()
+    new = sum(layer.size for layer in remote.layers if layer.digest not in have)
+    if _size(cache, pinned_blobs) + new > bound:
+        raise NoSpace(f"{remote.reference} ({new >> 20} MiB to fetch) does not fit in the image "
+                      f"cache ({bound >> 20} MiB, image_cache_bytes) beside the images "
+                      "templates need")  # fmt: skip
+
+
+def evict(cache: ImageCache, bound: int, pinned: set[str]) -> Report:
+    """Untag unpinned images, least recently used first, until the blobs fit in `bound`."""
+    with cache.locked():
+        tags = cache.tags()
+        usage = _usage(cache)
+        pinned_blobs = set().union(*(tags[t] for t in pinned if t in tags))
+        report = Report(_size(cache, cache.cached_blobs()), _size(cache, pinned_blobs))
+        for tag in sorted((t for t in tags if t not in pinned), key=lambda t: usage.get(t, 0)):
+            if report.total <= bound:
+                break
+            _umoci("remove", "--image", f"{cache.layout}:{tag}")
+            _umoci("gc", "--layout", str(cache.layout))
+            usage.pop(tag, None)
+            report.evicted.append(tag)
+            report.total = _size(cache, cache.cached_blobs())
+            EVICTIONS.inc()
+        if report.evicted:
+            write_json_atomic(cache.root / USAGE, usage)
+    CACHE_BYTES.labels("total").set(report.total)
+    CACHE_BYTES.labels("pinned").set(report.pinned)
+    if report.total > bound:
+        log.warning("image cache holds %d MiB, over its bound of %d MiB: the images templates "
+                    "need (pinned) take %d MiB", report.total >> 20, bound >> 20,
+                    report.pinned >> 20)  # fmt: skip
+    return report
