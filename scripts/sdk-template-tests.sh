@@ -11,6 +11,7 @@ if (($#)) && [ "$1" != "--" ]; then rev=$1; shift; fi
 [ "${1:-}" = "--" ] && shift
 work=$(mktemp -d /tmp/aenv-sdk-tests.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-git --git-dir="$repo" archive "$rev" packages/python-sdk/tests 2>/dev/null | tar -x -C "$work" ||
-  git -C "$repo" archive "$rev" packages/python-sdk/tests | tar -x -C "$work"
-.venv/bin/python -m tests.sdk_compat.template_suite "$work/packages/python-sdk/tests" "$@"
+paths=(packages/python-sdk/tests packages/python-sdk/pytest.ini)
+git --git-dir="$repo" archive "$rev" "${paths[@]}" 2>/dev/null | tar -x -C "$work" ||
+  git -C "$repo" archive "$rev" "${paths[@]}" | tar -x -C "$work"
+.venv/bin/python -m tests.sdk_compat.template_suite "$work/packages/python-sdk" "$@"

@@ -5,7 +5,8 @@ A registry on loopback serves stand-ins (busybox images) under the Docker Hub na
 use (`ubuntu:22.04`, `e2bdev/base`), through the node's `docker.io` mirror; a node of its own
 instance serves the API; pytest runs the SDK's `tests/sync/template_sync` and
 `tests/async/template_async` with E2B_API_URL pointed at the node. Templates the run builds
-are removed afterwards. Usage: python -m tests.sdk_compat.template_suite TESTS_DIR [PYTEST ARGS]
+are removed afterwards. Usage: python -m tests.sdk_compat.template_suite SDK_DIR [PYTEST ARGS]
+(SDK_DIR: the repository's packages/python-sdk, with its pytest.ini and tests/).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    tests = Path(argv[0]).resolve()
+    sdk = Path(argv[0]).resolve()
+    tests = sdk / "tests"
     work = Path(tempfile.mkdtemp(prefix="aenv-sdk-suite-"))
     instance = census.new_instance()
     with removed_after(), seeded_registry(work) as seeded:
@@ -39,11 +41,11 @@ def main(argv: list[str]) -> int:
         node.start()
         try:
             env = {**os.environ, "E2B_API_URL": node.origin, "E2B_SANDBOX_URL": node.origin,
-                   "E2B_API_KEY": "aenv-e2e-key", "PYTHONPATH": str(tests)}  # fmt: skip
+                   "E2B_API_KEY": "aenv-e2e-key"}  # fmt: skip
             argv_ = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs",
-                     "-o", "asyncio_mode=auto", "--rootdir", str(tests),
+                     "-c", str(sdk / "pytest.ini"), "--rootdir", str(sdk),
                      *[str(tests / s) for s in SUITES], *argv[1:]]  # fmt: skip
-            rc = subprocess.run(argv_, env=env, cwd=tests).returncode
+            rc = subprocess.run(argv_, env=env, cwd=sdk).returncode
         finally:
             node.stop()
             census.release(instance)
