@@ -98,6 +98,8 @@ class Config(BaseModel):
     # The image cache's bound (blobs of pulled images): images no template was made from are
     # evicted, least recently used first, beyond it.
     image_cache_bytes: int = Field(32 << 30, ge=1 << 20)
+    # The step cache's bound (build snapshots after each step): least recently used beyond it.
+    step_cache_bytes: int = Field(16 << 30, ge=1 << 20)
     max_concurrent_builds: int = Field(2, ge=1, le=64)
     # The origin clients reach this node at, for URLs it hands out (build file uploads);
     # unset: the origin of the request (its Host header), as seen behind a proxy too.
@@ -199,6 +201,7 @@ _SIMPLE_ENV = {
     "SCRUB_RATE_MIB_S": "scrub_rate_mib_s",
     "MAX_CONCURRENT_BUILDS": "max_concurrent_builds",
     "IMAGE_CACHE_BYTES": "image_cache_bytes",
+    "STEP_CACHE_BYTES": "step_cache_bytes",
     "PUBLIC_URL": "public_url",
     "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
 }

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aenv.config import Config, MachineShape
-from aenv.images import copying
+from aenv.images import copying, stepgc
 from aenv.images.agent import AgentError, BuildAgent
 from aenv.images.context import ContextStore
 from aenv.images.stepcache import CacheEntry, StepCache, StepState
@@ -93,7 +93,9 @@ class Builds:
         self._builds: dict[str, Build] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(cfg.max_concurrent_builds)
+        self._starting: set[str] = set()  # cached snapshots builds are starting from
         self._recover()
+        stepgc.sweep(self.cache, self.rt.snapshots, self._in_use())
 
     # --- records ----------------------------------------------------------------------------
 
@@ -108,6 +110,9 @@ class Builds:
                 b.reason = {"message": "the node restarted during the build", "step": "base"}
                 self._save(b)
             self._builds[b.build_id] = b
+
+    def _in_use(self) -> set[str]:
+        return {t.snapshot_id for t in self.rt.catalog.list()} | self._starting
 
     def _save(self, b: Build) -> None:
         write_json_atomic(self.root / f"{b.build_id}.json", b.to_json())
@@ -212,6 +217,9 @@ class Builds:
                 await self.rt.destroy(vm)
             self._save(b)
             self._tasks.pop(b.build_id, None)
+            with contextlib.suppress(Exception):
+                stepgc.evict(self.cache, self.rt.snapshots, self.cfg.step_cache_bytes,
+                             self._in_use())  # fmt: skip
 
     def _replace(self, template: Any) -> None:
         """The new build becomes the template; the previous build's snapshot goes (sandboxes
@@ -264,11 +272,11 @@ class Builds:
         self._log(b, f"Building template {b.template_id} ({b.build_id})")
         base, state = await self._base(b, spec)
         key = base_key(self.rt.template(base).build_id)
-        start_from, done = base, 0
+        start_from, done = self.rt.template(base).build_id, 0  # snapshot ids from here on
         n = len(spec.steps)
         if not spec.force:
             for step in spec.steps:
-                hit = None if step.force else self.cache.get(chain(key, step))
+                hit = None if step.force else self.cache.get(chain(key, step), touch=True)
                 if hit is None or not self.rt.has_snapshot(hit.snapshot_id):
                     break
                 key, start_from, state = chain(key, step), hit.snapshot_id, hit.state
@@ -278,10 +286,13 @@ class Builds:
         init = AgentInit(access_token=token, env_vars=dict(state.env),
                          default_user=state.user, default_workdir=state.workdir,
                          egress=self._egress())  # fmt: skip
+        self._starting.add(start_from)
         try:
             handle = await self.rt.create(vm, start_from, init)
         except Exception as e:
             raise BuildFailed(f"starting the build VM failed: {e}", "base") from None
+        finally:
+            self._starting.discard(start_from)
         agent = BuildAgent(handle.url(), token)
         try:
             for i in range(done, n):
@@ -289,9 +300,12 @@ class Builds:
                 self._log(b, f"[{i + 1}/{n}] {_describe(step)}", step=str(i + 1))
                 state = await self._step(b, agent, step, state, str(i + 1))
                 key = chain(key, step)
-                snap = f"buildcache-{key[:24]}-{secrets.token_hex(3)}"
-                await self.rt.snapshot_build(vm, snap, b.template_id)
-                self.cache.put(key, CacheEntry(snap, state))
+                if step.type != "ENV":  # ENV changes no file: its entry shares the last one
+                    start_from = f"{stepgc.PREFIX}{key[:24]}-{secrets.token_hex(3)}"
+                    await self.rt.snapshot_build(vm, start_from, b.template_id)
+                old = self.cache.put(key, CacheEntry(start_from, state))
+                if old is not None:  # a forced rebuild replaced it
+                    stepgc.release(self.cache, self.rt.snapshots, [old], self._in_use())
             await self._finalize(b, agent, spec, state)
             final = f"tpl-{b.template_id}-{b.build_id[:8]}-{secrets.token_hex(3)}"
             await self.rt.snapshot_build(vm, final, b.template_id)
