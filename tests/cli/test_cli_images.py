@@ -3,6 +3,7 @@ runs it: no root needed by the command itself, the build log streams, errors are
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,18 @@ def test_a_dockerfile_builds_through_the_api(vm_node: Node, seeded: Seeded,
         assert p.stdout.split() == ["copied", "built", "hi", "user", "/srv/app"], p.stderr
     finally:
         vm_node.cli("rm", sid)
+
+    # `template ls` shows its bytes and how many it shares (its snapshot is a clone of its
+    # base's); `template rm` goes through the API, which keeps the default template.
+    p = vm_node.cli("template", "ls", "--json")
+    row = next(t for t in json.loads(p.stdout) if t["templateID"] == "cli-df")
+    assert 0 < row["sharedBytes"] < row["sizeBytes"], row
+    p = vm_node.cli("template", "ls", env={"COLUMNS": "250"})
+    assert "SHARED" in p.stdout.splitlines()[0], p.stdout
+    p = vm_node.cli("template", "rm", "cli-df")
+    assert (p.returncode, p.stdout, p.stderr) == (0, "cli-df\n", "")
+    assert_one_line_error(vm_node.cli("template", "rm", "cli-df"), "no such template: cli-df")
+    assert_one_line_error(vm_node.cli("template", "rm", "base"), "default template")
 
 
 def test_dockerfile_errors_are_one_line(vm_node: Node, seeded: Seeded, tmp_path: Path) -> None:

@@ -294,25 +294,3 @@ def test_help_and_version_when_piped() -> None:
                 "snapshot", "upload", "download", "template", "auth", "completion", "server",
                 "setup"):
         assert f" {cmd} " in p.stdout, cmd
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="`aenv template rm` is for root on the node host")
-def test_template_rm_is_node_local(tmp_path: Path) -> None:
-    """The API does not delete templates; the CLI does, in the node's data directory."""
-    data = tmp_path / "data"
-    tpl = data / "templates" / "old"
-    tpl.mkdir(parents=True)
-    (tpl / "rootfs-x.ext4").write_bytes(b"")
-    (tpl / "template.json").write_text(json.dumps({
-        "name": "old", "recipe": "debian", "snapshot_id": "tpl-old-1", "build_key": "k",
-        "created_at": "2026-01-01T00:00:00Z",
-        "shape": {"vcpus": 1, "memory_mib": 512, "disk_mib": 4096},
-    }))  # fmt: skip
-    snap = data / "snapshots" / "tpl-old-1"
-    snap.mkdir(parents=True)
-    env = cli_env(tmp_path, AENV_DATA_DIR=str(data))
-    p = run_cli("template", "rm", "old", env=env)
-    assert (p.returncode, p.stdout, p.stderr) == (0, "old\n", "")
-    assert not tpl.exists() and not snap.exists()
-    assert list((data / "templates").iterdir()) == []
-    assert_one_line_error(run_cli("template", "rm", "old", env=env), "no such template: old")

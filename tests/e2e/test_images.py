@@ -43,11 +43,8 @@ def aenv(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def template_name() -> Iterator[str]:
-    name = f"e2e-img-{secrets.token_hex(3)}"
-    yield name
-    if (DATA_DIR / "templates" / name).exists():
-        p = aenv("template", "rm", name)
-        assert p.returncode == 0, p.stderr
+    with removed_after():  # the template, and the snapshot it made
+        yield f"e2e-img-{secrets.token_hex(3)}"
 
 
 def test_a_pulled_image_runs_as_user_with_its_config_and_layers(
@@ -102,3 +99,31 @@ def test_a_pull_that_fails_says_why_in_one_line_and_leaves_no_template(
         assert not (DATA_DIR / "templates" / template_name).exists()
     leftovers = [q.name for q in (DATA_DIR / "templates").iterdir() if template_name in q.name]
     assert leftovers == []
+
+
+def test_a_start_command_is_running_in_every_sandbox_of_the_template(
+        node: NodeProcess, seeded: Seeded, template_name: str) -> None:
+    start = ["--start-cmd", "sh -c 'echo $$ > /tmp/started; exec sleep 100000'",
+             "--ready-cmd", "test -s /tmp/started"]  # fmt: skip
+    p = aenv("pull", seeded.sibling, "--name", template_name, *start)
+    assert p.returncode == 0, p.stderr
+    assert "Waiting for: test -s /tmp/started" in p.stderr
+    probe = 'kill -0 "$(cat /tmp/started)" && echo running'
+    for _ in range(2):  # each sandbox has the process of the snapshot, not one of its own
+        sbx = Sandbox.create(template_name, timeout=120)
+        try:
+            assert sbx.commands.run(probe).stdout == "running\n"
+        finally:
+            sbx.kill()
+    p = aenv("pull", seeded.sibling, "--name", template_name, *start)
+    assert p.returncode == 0 and "up to date" in p.stderr, p.stderr
+    # Without it the template is made again, with no process of its own.
+    p = aenv("pull", seeded.sibling, "--name", template_name)
+    assert p.returncode == 0 and "up to date" not in p.stderr, p.stderr
+    sbx = Sandbox.create(template_name, timeout=120)
+    try:
+        assert sbx.commands.run("test -e /tmp/started || echo none").stdout == "none\n"
+    finally:
+        sbx.kill()
+    p = aenv("pull", seeded.sibling, "--name", template_name, "--ready-cmd", "true")
+    assert p.returncode == 1 and p.stderr.strip() == "aenv: --ready-cmd needs --start-cmd"

@@ -182,9 +182,11 @@ class Template(BaseModel):
     buildCount: int = 1
     envdVersion: str
     buildStatus: str = "ready"
-    # aenv's own (E2B clients ignore them): what it was made from and its disk's bytes.
+    # aenv's own (E2B clients ignore them): what it was made from, the data bytes of its
+    # files (in listings) and how many of those it shares with other files.
     source: str = ""
     sizeBytes: int = 0
+    sharedBytes: int = 0
 
 
 class TemplateAlias(BaseModel):

@@ -34,6 +34,7 @@ def _template(t: TemplateInfo) -> Template:
         envdVersion=t.envd_version,
         source=t.source,
         sizeBytes=t.size_bytes,
+        sharedBytes=t.shared_bytes,
     )
 
 

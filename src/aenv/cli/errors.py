@@ -44,6 +44,22 @@ def say_error(message: str) -> None:
         print(f"aenv: {one_line(message)}", file=sys.stderr, flush=True)
 
 
+def each(items: list[str], act: Callable[[str], None]) -> None:
+    """Run `act` for every item; report each failure on a line of its own and exit 1 if any
+    failed (with one item, its failure is the command's own error)."""
+    failed = False
+    for item in items:
+        try:
+            act(item)
+        except CliError as e:
+            if len(items) == 1:
+                raise
+            say_error(e.message)
+            failed = True
+    if failed:
+        raise typer.Exit(EXIT_ERROR)
+
+
 def _exit(code: int) -> NoReturn:
     with contextlib.suppress(OSError):
         sys.stdout.flush()

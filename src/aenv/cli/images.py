@@ -40,6 +40,9 @@ def pull(
     start_cmd: Annotated[str | None, typer.Option(
         help="Command started in the template before it is snapshotted (not the image's "
         "Entrypoint/Cmd, which is never run by itself).", show_default=False)] = None,
+    ready_cmd: Annotated[str | None, typer.Option(
+        help="With --start-cmd: the snapshot is taken once this command exits 0 (polled each "
+        "second, up to 5 minutes).", show_default=False)] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if up to date.")] = False,
 ) -> None:
     """Pull an OCI image and make it a template (root only; the node may be running)."""
@@ -47,15 +50,15 @@ def pull(
 
     if (username is None) != (password is None):
         raise CliError("--username and --password go together")
-    if start_cmd is not None:
-        raise CliError("--start-cmd is not supported yet: templates from images start with "
-                       "no process of their own")  # fmt: skip
+    if ready_cmd is not None and not start_cmd:
+        raise CliError("--ready-cmd needs --start-cmd")
     creds = Credentials(username, password) if username is not None and password else None
     template = name or _default_name(image)
 
     async def make(rt: Any, shape: Any, say: Callable[[str], None]) -> Any:
         from aenv.images.templates import template_from_image
 
-        return await template_from_image(rt, image, template, shape, creds, None, say, force)
+        return await template_from_image(rt, image, template, shape, creds, start_cmd or None,
+                                         say, force, ready_cmd)  # fmt: skip
 
     run_local_build("pull", template, cpu, memory, disk, make)

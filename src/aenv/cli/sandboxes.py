@@ -88,21 +88,10 @@ def running_sandbox(node: Node, prefix: str, action: str) -> dict[str, Any]:
 
 def _each(ids: list[str], act: Any) -> None:
     """Run `act(node, full_id)` for every id; report each failure, exit 1 if any failed."""
-    failed = False
-    with Node() as node:
-        for prefix in ids:
-            try:
-                sid = node.resolve(prefix)
-                act(node, sid)
-            except CliError as e:
-                if len(ids) == 1:
-                    raise
-                from aenv.cli.errors import say_error
+    from aenv.cli.errors import each
 
-                say_error(e.message)
-                failed = True
-    if failed:
-        raise typer.Exit(EXIT_ERROR)
+    with Node() as node:
+        each(ids, lambda prefix: act(node, node.resolve(prefix)))
 
 
 # --- start ------------------------------------------------------------------------------------

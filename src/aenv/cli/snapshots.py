@@ -12,7 +12,7 @@ import typer
 
 from aenv.cli import completion, output
 from aenv.cli.client import ApiError, Node, resolve_prefix
-from aenv.cli.errors import EXIT_ERROR, AenvTyper, CliError, say_error
+from aenv.cli.errors import AenvTyper, CliError, each
 from aenv.cli.sandboxes import JsonOpt, SandboxId
 
 app = AenvTyper(help="Create, list and remove snapshots of sandboxes.", no_args_is_help=True)
@@ -73,27 +73,21 @@ def rm(
         autocompletion=completion.snapshot_ids, show_default=False)],
 ) -> None:
     """Remove snapshots."""
-    failed = False
     with Node() as node:
         items = node.snapshots()
-        for prefix in snapshots:
+
+        def one(prefix: str) -> None:
+            snap = _resolve(prefix, items)
             try:
-                snap = _resolve(prefix, items)
-                try:
-                    node.call("DELETE", f"/templates/{quote(snap, safe='')}", (200, 204),
-                              what="removing snapshots")  # fmt: skip
-                except ApiError as e:
-                    if e.status == 404 and not e.unsupported:
-                        raise CliError(f"no such snapshot: {snap}") from None
-                    raise
-                output.print_lines([snap])
-            except CliError as e:
-                if len(snapshots) == 1:
-                    raise
-                say_error(e.message)
-                failed = True
-    if failed:
-        raise typer.Exit(EXIT_ERROR)
+                node.call("DELETE", f"/templates/{quote(snap, safe='')}", (200, 204),
+                          what="removing snapshots")  # fmt: skip
+            except ApiError as e:
+                if e.status == 404 and not e.unsupported:
+                    raise CliError(f"no such snapshot: {snap}") from None
+                raise
+            output.print_lines([snap])
+
+        each(snapshots, one)
 
 
 app.command("create")(create)

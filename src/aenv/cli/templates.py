@@ -1,10 +1,10 @@
 """`aenv template ls|rm|build`.
 
-`ls` goes through the node's API. `build` and `rm` are node-local admin commands (the API
-does not build or delete templates): they run as root on the node's host and work on the
-node's data directory directly, like `aenv setup` does; a running node sees the change at
-once. `build` uses `aenv.orchestrator.builder` with a runtime instance of its own, so it never
-touches the running node's VMs, slots or cgroups.
+`ls` and `rm` go through the node's API, and so does `build -f Dockerfile` (the E2B build
+flow). `build --recipe/--from` is a node-local admin command: it runs as root on the node's
+host and works on the node's data directory directly, like `aenv setup` does; a running node
+sees the change at once. It uses `aenv.orchestrator.builder` with a runtime instance of its
+own, so it never touches the running node's VMs, slots or cgroups.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 
 from aenv.cli import completion, output
-from aenv.cli.client import Node
-from aenv.cli.errors import EXIT_ERROR, AenvTyper, CliError, say_error
+from aenv.cli.client import ApiError, Node
+from aenv.cli.errors import AenvTyper, CliError, each
 from aenv.cli.sandboxes import JsonOpt, parse_mib
 
 app = AenvTyper(help="List, remove and build templates.", no_args_is_help=True)
@@ -55,11 +56,13 @@ def ls(as_json: JsonOpt = None) -> None:
             output.ago(t.get("createdAt")),
             t.get("source") or "-",
             output.size(int(t.get("sizeBytes") or 0)) if t.get("sizeBytes") else "-",
+            output.size(int(t.get("sharedBytes") or 0)) if t.get("sizeBytes") else "-",
         ]
         for t in items
     ]
     output.print_table(
-        ["TEMPLATE", "ALIASES", "CPU", "MEMORY", "DISK", "ENVD", "BUILT", "SOURCE", "SIZE"], rows
+        ["TEMPLATE", "ALIASES", "CPU", "MEMORY", "DISK", "ENVD", "BUILT", "SOURCE", "SIZE",
+         "SHARED"], rows
     )
 
 
@@ -70,36 +73,22 @@ def _require_root(what: str) -> None:
 
 
 def rm(templates: TemplateNames) -> None:
-    """Remove templates from this host (root only). Sandboxes already started from them keep
-    running: they have their own copies of its files."""
-    _require_root("template rm")
-    from aenv import config as node_config
-    from aenv.storage.snapshots import SnapshotNotFound, SnapshotStore
-    from aenv.storage.templates import TemplateCatalog, TemplateMissing
+    """Remove templates (through the node's API; not the default template). Sandboxes and
+    snapshots made from them keep working: they have their own copies of its files."""
+    with Node() as node:
 
-    cfg = node_config.load()
-    catalog = TemplateCatalog(cfg.templates_dir)
-    store = SnapshotStore(cfg.snapshots_dir)
-    failed = False
-    for name in templates:
-        try:
-            t = catalog.get(name)
-        except TemplateMissing:
-            msg = f"no such template: {name} (see `aenv template ls`)"
-            if len(templates) == 1:
-                raise CliError(msg) from None
-            say_error(msg)
-            failed = True
-            continue
-        # Hidden from listings at once (dot names are skipped), then removed.
-        trash = cfg.templates_dir / f".rm-{name}-{secrets.token_hex(3)}"
-        os.replace(catalog.dir(name), trash)
-        shutil.rmtree(trash, ignore_errors=True)
-        with contextlib.suppress(SnapshotNotFound):
-            store.delete(t.snapshot_id)
-        output.print_lines([name])
-    if failed:
-        raise typer.Exit(EXIT_ERROR)
+        def one(name: str) -> None:
+            try:
+                node.call("DELETE", f"/templates/{quote(name, safe='')}", (200, 204),
+                          what="removing templates")  # fmt: skip
+            except ApiError as e:
+                if e.status == 404 and not e.unsupported:
+                    raise CliError(f"no such template: {name} (see `aenv template ls`)"
+                                   ) from None  # fmt: skip
+                raise
+            output.print_lines([name])
+
+        each(templates, one)
 
 
 # --- build ------------------------------------------------------------------------------------

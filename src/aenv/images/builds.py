@@ -26,14 +26,13 @@ from aenv.config import Config, MachineShape
 from aenv.images import copying, stepgc
 from aenv.images.agent import AgentError, BuildAgent
 from aenv.images.context import ContextStore
+from aenv.images.finalize import NotReady, build_egress, start_and_wait
 from aenv.images.stepcache import CacheEntry, StepCache, StepState
 from aenv.images.steps import BuildSpec, Step, StepError, base_key, chain, resolve
 from aenv.storage.files import write_json_atomic
 from aenv.storage.snapshots import now_rfc3339
 
 log = logging.getLogger(__name__)
-READY_TIMEOUT_S = 300.0
-READY_INTERVAL_S = 1.0
 TAIL_LINES = 10
 
 
@@ -191,6 +190,9 @@ class Builds:
     async def _run(self, b: Build, spec: BuildSpec) -> None:
         vm = f"build-{secrets.token_hex(4)}"
         try:
+            if self._slots.locked():
+                self._log(b, "Waiting for a free build slot (max_concurrent_builds="
+                             f"{self.cfg.max_concurrent_builds})")  # fmt: skip
             async with self._slots:
                 template = await self._build(b, spec, vm)
             self._replace(template)
@@ -285,7 +287,7 @@ class Builds:
         token = secrets.token_hex(16)
         init = AgentInit(access_token=token, env_vars=dict(state.env),
                          default_user=state.user, default_workdir=state.workdir,
-                         egress=self._egress())  # fmt: skip
+                         egress=build_egress(self.cfg))  # fmt: skip
         self._starting.add(start_from)
         try:
             handle = await self.rt.create(vm, start_from, init)
@@ -320,12 +322,6 @@ class Builds:
             env=dict(state.env), user=state.user, workdir=state.workdir,
             start_cmd=spec.startCmd, tags=list(b.tags), e2b_build_id=b.build_id,
         )  # fmt: skip
-
-    def _egress(self) -> Any:
-        from aenv.network.egress import EgressPolicy
-
-        allow = list(self.cfg.build_egress_allow)
-        return EgressPolicy.from_request("0.0.0.0/0" in allow, allow, [])
 
     async def _exec(self, b: Build, agent: BuildAgent, cmd: str, user: str, state: StepState,
                     step: str) -> None:
@@ -381,20 +377,11 @@ class Builds:
 
     async def _finalize(self, b: Build, agent: BuildAgent, spec: BuildSpec,
                         state: StepState) -> None:
-        if spec.startCmd:
-            self._log(b, f"Starting: {spec.startCmd}", step="finalize")
-            await agent.run(spec.startCmd, user=state.user, cwd=state.workdir, env=state.env,
-                            background=True)  # fmt: skip
-        if spec.readyCmd:
-            self._log(b, f"Waiting for: {spec.readyCmd}", step="finalize")
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + READY_TIMEOUT_S
-            while await agent.run(spec.readyCmd, user=state.user, cwd=state.workdir,
-                                  env=state.env) != 0:  # fmt: skip
-                if loop.time() > deadline:
-                    raise BuildFailed(f"the ready command did not succeed within "
-                                      f"{READY_TIMEOUT_S:.0f} s: {spec.readyCmd}", "finalize")
-                await asyncio.sleep(READY_INTERVAL_S)
+        try:
+            await start_and_wait(agent, spec.startCmd, spec.readyCmd, state,
+                                 lambda m: self._log(b, m, step="finalize"))  # fmt: skip
+        except NotReady as e:
+            raise BuildFailed(str(e), "finalize") from None
 
 
 def _q(s: str) -> str:

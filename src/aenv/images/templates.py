@@ -2,23 +2,25 @@
 filesystem (cached by the image's digest, so a second pull of the same image is a no-op),
 the `user` account and a shell added, then the usual cold boot and snapshot. The image's
 Env, WorkingDir and User become the template's sandbox defaults; its Entrypoint/Cmd is not
-run (E2B takes a template's start command only from `startCmd`).
+run (E2B takes a template's start command only from `startCmd`; `aenv pull --start-cmd`
+gives one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 from aenv.config import Config, MachineShape
-from aenv.images import eviction, rootfs
+from aenv.images import eviction, finalize, rootfs
 from aenv.images.cache import CachedImage, ImageCache, layout_tag
 from aenv.images.reference import parse
 from aenv.images.registry import Credentials, RegistrySettings, Skopeo
-from aenv.storage.templates import Template
+from aenv.storage.templates import Template, TemplateMissing
 
 log = logging.getLogger(__name__)
 _SKOPEO_BLOB = re.compile(r"Copying blob (sha256:[0-9a-f]{12})[0-9a-f]* ?(.*)")
@@ -52,8 +54,9 @@ async def template_from_image(rt: object, image: str, name: str | None,
                               shape: MachineShape | None = None,
                               creds: Credentials | None = None, start_cmd: str | None = None,
                               progress: Callable[[str], None] = print,
-                              force: bool = False) -> Template:
-    """Pull `image` and build template `name` from it. `rt` is the node's Runtime."""
+                              force: bool = False, ready_cmd: str | None = None) -> Template:
+    """Pull `image` and build template `name` from it. `rt` is the node's Runtime. With
+    `start_cmd`, the template is snapshotted with it running (`finalize`)."""
     from aenv.orchestrator.builder import build_template
     from aenv.orchestrator.runtime import Runtime
 
@@ -89,6 +92,8 @@ async def template_from_image(rt: object, image: str, name: str | None,
         rootfs.prepare(root, pulled.config.workdir)
         users.append(rootfs.user_name(root, pulled.config.user))  # uid -> name, while here
 
+    with contextlib.suppress(TemplateMissing):  # its snapshot has another process running
+        force = force or rt.catalog.get(name).start_cmd != start_cmd
     t = await build_template(rt, name, f"image-{pulled.manifest_digest}", shape,
                              progress=progress, force=force, fill=fill)  # fmt: skip
     # No unpack when the rootfs was cached: the name then comes from the template before.
@@ -97,6 +102,7 @@ async def template_from_image(rt: object, image: str, name: str | None,
     t.env = dict(pulled.config.env)
     t.user = user
     t.workdir = pulled.config.workdir
-    t.start_cmd = start_cmd
     rt.catalog.put(t)
+    if start_cmd and t.start_cmd != start_cmd:
+        t = await finalize.with_start_cmd(rt, t, start_cmd, ready_cmd, progress)
     return t

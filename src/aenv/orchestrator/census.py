@@ -6,8 +6,9 @@ Everything a node creates is named after its instance (`Config.instance`): slot 
 jail cgroups `aenv/<i>-<vm>` (v2, or the v1 memory/pids/cpu hierarchies), the jail processes
 in them (launcher and QEMU, whose command line names `sandboxes/<i>/<vm>/`), VM directories
 `sandboxes/<i>/<vm>` and the database `<i>.db`. Shared by all instances: the snapshot and
-template repositories with their staging leftovers (`.tmp-*`, `.del-*`), loop devices and
-mounts under the data directory (other than the data filesystem itself).
+template repositories with their staging leftovers (`.tmp-*`, `.del-*`), the image cache's
+and build contexts' partial writes, build snapshots no step-cache entry refers to, loop
+devices and mounts under the data directory (other than the data filesystem itself).
 
 `diff` says which resources no record explains (leaks) and which records lack what their
 state needs (ghosts). An instance whose database a running process holds open is *live*: its
@@ -53,6 +54,7 @@ MAY_HAVE_VMM = HAS_VM | {S.RESUMING}
 STAGING_PREFIXES = (".tmp-", ".del-")
 Mine = Callable[[str], bool]  # whether an instance is one the census covers
 FORK_PREFIX = "fork-"  # runtime.FORK_PREFIX: a fork's transient snapshot
+BUILD_PREFIX = "buildcache-"  # images.stepgc.PREFIX: a build step's snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class Resource:
 
 
 KINDS = ("process", "cgroup", "netns", "tap", "nft", "link", "loop", "mount", "vmdir",
-         "instdir", "db", "staging", "forksnap", "snapshot")  # fmt: skip
+         "instdir", "db", "staging", "forksnap", "snapshot", "buildsnap")  # fmt: skip
 
 
 @dataclass
@@ -426,8 +428,11 @@ def _repository(data: Path, owners: Mapping[str, str]) -> list[Resource]:
     template and artifact trees."""
     out = []
     snaps = data / "snapshots"
+    wanted = _wanted_build_snapshots(data)
     for d in sorted(snaps.iterdir()) if snaps.is_dir() else []:
-        if d.name.startswith(STAGING_PREFIXES):
+        if d.name.startswith(BUILD_PREFIX) and d.name not in wanted:
+            out.append(Resource("buildsnap", str(d), detail="no step-cache entry refers to it"))
+        elif d.name.startswith(STAGING_PREFIXES):
             sid = _fork_source(d.name[5:]) or _manifest_parent(d)[1]
             out.append(Resource("staging", str(d), owners.get(sid or ""), sid))
         elif (sid := _fork_source(d.name)) is not None:
@@ -441,8 +446,21 @@ def _repository(data: Path, owners: Mapping[str, str]) -> list[Resource]:
     stray: Iterable[Path] = [
         *(data / "templates").glob(".tmp-*"), *(data / "artifacts").glob("*/tmp-*"),
         *data.glob(".reflink-probe-*"),
+        # skopeo's blob being written (renamed to its digest when whole), an upload's file.
+        *(data / "images" / "oci").glob("oci-put-blob*"),
+        *(data / "images" / "contexts").glob(".tmp-*"),
     ]
     out += [Resource("staging", str(p)) for p in sorted(stray)]
+    return out
+
+
+def _wanted_build_snapshots(data: Path) -> set[str]:
+    """Snapshot ids step-cache entries and templates refer to."""
+    out = set()
+    for f in [*(data / "images" / "step-cache").glob("*.json"),
+              *(data / "templates").glob("*/template.json")]:  # fmt: skip
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            out.add(str(json.loads(f.read_text()).get("snapshot_id")))
     return out
 
 
@@ -535,6 +553,8 @@ def _unexplained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, Sandbox
         if r.instance:
             return None if live else "an interrupted write or delete"
         return None if alive else "an interrupted write or delete"
+    if kind == "buildsnap":  # a live node's build may be between snapshot and entry
+        return None if alive else "a build snapshot no step-cache entry refers to"
     if kind == "snapshot":
         if r.detail:
             return r.detail

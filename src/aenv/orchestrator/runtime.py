@@ -49,6 +49,7 @@ from aenv.orchestrator.runtime_api import (
 )
 from aenv.storage import datafs
 from aenv.storage.checksums import sha256_file
+from aenv.storage.extents import tree_usage
 from aenv.storage.files import clone, fsync_path, remove_tree, write_json_atomic
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.snapshots import (
@@ -313,7 +314,15 @@ class Runtime:
 
     # -- templates --------------------------------------------------------------------
     def templates(self) -> list[TemplateInfo]:
-        return [self._template_info(t.name) for t in self.catalog.list()]
+        """With each template's bytes, own and shared (FIEMAP: listings only)."""
+        out = []
+        for t in self.catalog.list():
+            info = self._template_info(t.name)
+            use = tree_usage(self.snapshots.path(t.snapshot_id)) + tree_usage(
+                self.catalog.dir(t.name))
+            info.size_bytes, info.shared_bytes = use.total, use.shared
+            out.append(info)
+        return out
 
     def template(self, name_or_id: str) -> TemplateInfo:
         return self._template_info(name_or_id)

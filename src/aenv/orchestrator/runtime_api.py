@@ -24,7 +24,8 @@ class TemplateInfo:
     envd_version: str
     build_id: str
     created_at: str  # RFC 3339
-    size_bytes: int = 0
+    size_bytes: int = 0  # data bytes of its files (snapshot, rootfs), in listings
+    shared_bytes: int = 0  # of which shared with other files (templates, sandboxes, caches)
     # Sandbox defaults from the template's image config (Env, User, WorkingDir).
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None

@@ -29,7 +29,6 @@ import secrets
 import socket
 import subprocess
 import textwrap
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +40,18 @@ from aenv import config as config_mod
 from aenv.network import GATEWAY_ADDR, TAP_MAC, EgressPolicy
 from aenv.network import netns as ns
 from aenv.network.egress import host_local_networks
-from aenv.network.pool import address_is_local
 from aenv.network.slot import Slot
 from aenv.orchestrator.runtime import Runtime
 from aenv.orchestrator.runtime_api import AGENT_PORT, AgentInit, SandboxHandle
 from tests.support import envd_client
+from tests.support.internet import (
+    Internet,
+    TcpSink,
+    UdpSink,
+    forwarding,
+    free_port,
+    internet_namespace,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -145,124 +151,6 @@ PROBE = textwrap.dedent(r"""
 """)
 
 
-class UdpSink:
-    """A UDP socket (in the calling thread's namespace) that records datagrams carrying the
-    test's marker."""
-
-    def __init__(self, port: int, marker: bytes) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("0.0.0.0", port))
-        self.sock.setblocking(False)
-        self.marker = marker
-
-    def received(self) -> list[str]:
-        """Sources of the marked datagrams that arrived since the last call."""
-        got = []
-        while True:
-            try:
-                data, src = self.sock.recvfrom(2048)
-            except BlockingIOError:
-                return got
-            if self.marker in data:
-                got.append(src[0])
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-class TcpSink:
-    """A TCP listener (in the calling thread's namespace) recording who connected."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", port))
-        self.sock.listen(64)
-        self.peers: list[str] = []
-        self._t = threading.Thread(target=self._accept, daemon=True)
-        self._t.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
-                return
-            self.peers.append(peer[0])
-            conn.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        self._t.join(timeout=5)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _forwarding(ifname: str, on: bool) -> None:
-    """Per interface, never host-wide: forwarding of what arrives on ifname."""
-    Path(f"/proc/sys/net/ipv4/conf/{ifname}/forwarding").write_text("1" if on else "0")
-
-
-@dataclass
-class Internet:
-    """A namespace standing for the internet: one veth to the host, a TCP and a UDP sink."""
-
-    name: str
-    host_if: str
-    net: ipaddress.IPv4Network
-    host_addr: str
-    addr: str
-    # A host address outside every special range, as a host with a public address has one
-    # (192.88.99.0/24: the retired 6to4 anycast prefix): only "never" keeps guests off it.
-    host_public: str
-    tcp_port: int
-    udp_port: int
-    marker: bytes
-    tcp: TcpSink | None = None
-    udp: UdpSink | None = None
-
-    def create(self) -> None:
-        path = ns.create_netns(self.name)
-        host_ns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            ns.run_in_netns(path, self._configure_inside, host_ns)
-        finally:
-            os.close(host_ns)
-        with IPRoute() as ipr:
-            idx = socket.if_nametoindex(self.host_if)
-            ipr.addr("add", index=idx, address=self.host_addr, prefixlen=30)
-            ipr.addr("add", index=idx, address=self.host_public, prefixlen=32)
-            ipr.link("set", index=idx, state="up")
-        _forwarding(self.host_if, True)  # replies to the slots come in here
-        self.tcp = ns.run_in_netns(path, TcpSink, self.tcp_port)
-        self.udp = ns.run_in_netns(path, UdpSink, self.udp_port, self.marker)
-
-    def _configure_inside(self, host_ns: int) -> None:
-        with IPRoute() as ipr:
-            ipr.link("set", index=socket.if_nametoindex("lo"), state="up")
-            ipr.link("add", ifname="eth0", kind="veth",
-                     peer={"ifname": self.host_if, "net_ns_fd": host_ns})
-            idx = socket.if_nametoindex("eth0")
-            ipr.addr("add", index=idx, address=self.addr, prefixlen=30)
-            ipr.link("set", index=idx, state="up")
-            ipr.route("add", dst="0.0.0.0/0", gateway=self.host_addr)
-
-    def close(self) -> None:
-        for sink in (self.tcp, self.udp):
-            if sink is not None:
-                sink.close()
-        ns.delete_netns(self.name)  # its veth pair goes with it
-        with IPRoute() as ipr:
-            for idx in ipr.link_lookup(ifname=self.host_if):
-                ipr.link("del", index=idx)
-
-
 @dataclass
 class RouteGuard:
     """What arrives from the slots may go to the test's namespaces only: a routing rule per
@@ -282,7 +170,7 @@ class RouteGuard:
                 ipr.route("add", dst=str(net), oif=socket.if_nametoindex(s.host_veth),
                           table=self.table)
                 ipr.rule("add", iifname=s.host_veth, table=self.table, priority=self.priority)
-                _forwarding(s.host_veth, True)
+                forwarding(s.host_veth, True)
             ipr.route("add", dst="0.0.0.0/0", type="unreachable", table=self.table)
 
     def remove(self) -> None:
@@ -292,7 +180,7 @@ class RouteGuard:
                     ipr.rule("del", iifname=s.host_veth, table=self.table,
                              priority=self.priority)
                 with contextlib.suppress(OSError):
-                    _forwarding(s.host_veth, False)
+                    forwarding(s.host_veth, False)
             with contextlib.suppress(Exception):
                 ipr.flush_routes(table=self.table)
 
@@ -319,22 +207,8 @@ async def rt() -> AsyncIterator[Runtime]:
 
 @pytest.fixture
 def internet() -> Iterator[Internet]:
-    tag = secrets.token_hex(3)
-    for _ in range(50):
-        base = ipaddress.ip_address("198.19.200.0") + 4 * random.randrange(256)
-        net = ipaddress.ip_network(f"{base}/30")
-        if not any(address_is_local(str(a)) for a in net):
-            break
-    inet = Internet(name=f"aenvi-{tag}", host_if=f"aenvi{tag}", net=net,
-                    host_addr=str(net.network_address + 1), addr=str(net.network_address + 2),
-                    host_public=f"192.88.99.{random.randrange(1, 255)}",
-                    tcp_port=_free_port(), udp_port=_free_port(),
-                    marker=f"aenv-probe-{tag}".encode())
-    try:
-        inet.create()
+    with internet_namespace() as inet:
         yield inet
-    finally:
-        inet.close()
 
 
 async def _probe(h: SandboxHandle, spec: dict) -> dict[str, str]:
@@ -376,7 +250,7 @@ async def test_guests_reach_only_what_their_policy_names(rt: Runtime, internet: 
 
         # Listeners wherever a probe could land: the host (every address: the stand-in API
         # port and a UDP port), each slot's namespace, the internet (set up above).
-        api = TcpSink(_free_port())
+        api = TcpSink(free_port())
         host_udp = UdpSink(inet.udp_port, inet.marker)
         sinks.append(host_udp)
         slot_udp = {n: ns.run_in_netns(s.netns_path, UdpSink, inet.udp_port, inet.marker)

@@ -154,19 +154,25 @@ def test_the_copy_script(tmp_path: Path, src: str, dest: str, want: set[str]) ->
 
 
 def test_a_restart_marks_unfinished_builds_failed(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
     from aenv.config import Config
     from aenv.images.builds import Builds
+    from aenv.storage.snapshots import SnapshotStore
+    from aenv.storage.templates import TemplateCatalog
 
     cfg = Config.model_validate({"data_dir": tmp_path, "runtime": "fake"})
     contexts = ContextStore(tmp_path / "ctx", 1 << 20)
-    first = Builds(cfg, None, contexts)
+    rt = SimpleNamespace(snapshots=SnapshotStore(tmp_path / "snapshots"),
+                         catalog=TemplateCatalog(tmp_path / "templates"))  # fmt: skip
+    first = Builds(cfg, rt, contexts)
     running = first.request("t1", ["t1"], ["default"], cfg.default_shape)
     running.status = "building"
     first._save(running)
     done = first.request("t2", ["t2"], ["default"], cfg.default_shape)
     done.status = "ready"
     first._save(done)
-    again = Builds(cfg, None, contexts)  # the node started again
+    again = Builds(cfg, rt, contexts)  # the node started again
     b = again.get("t1", running.build_id)
     assert b.status == "error" and b.reason == {
         "message": "the node restarted during the build", "step": "base"}

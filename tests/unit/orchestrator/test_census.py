@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from aenv.config import Config
+from aenv.images import stepgc
 from aenv.orchestrator import census as cm
 from aenv.orchestrator import runtime
 from aenv.orchestrator.census import Census, Resource
@@ -173,3 +174,30 @@ def test_census_of_a_data_directory_finds_and_attributes_files(tmp_path: Path) -
 
 def test_the_fork_prefix_is_the_runtimes() -> None:
     assert cm.FORK_PREFIX == runtime.FORK_PREFIX
+
+
+def test_partial_image_writes_and_orphaned_build_snapshots(tmp_path: Path) -> None:
+    cfg = Config(data_dir=tmp_path, instance="aenv")
+    snaps = tmp_path / "snapshots"
+    for d in ("buildcache-kept", "buildcache-orphan", "buildcache-template"):
+        (snaps / d).mkdir(parents=True)
+        (snaps / d / "manifest.json").write_text(json.dumps({"parent": None}))
+    steps = tmp_path / "images" / "step-cache"
+    steps.mkdir(parents=True)
+    (steps / f"{'a' * 64}.json").write_text(json.dumps({"snapshot_id": "buildcache-kept"}))
+    (tmp_path / "templates" / "t").mkdir(parents=True)
+    (tmp_path / "templates" / "t" / "template.json").write_text(
+        json.dumps({"snapshot_id": "buildcache-template"}))
+    (tmp_path / "images" / "oci").mkdir()
+    (tmp_path / "images" / "oci" / "oci-put-blob123").write_bytes(b"half a layer")
+    (tmp_path / "images" / "contexts").mkdir()
+    (tmp_path / "images" / "contexts" / ".tmp-abc-1234").write_bytes(b"half an upload")
+
+    c = cm.census(cfg)
+    got = {(r.kind, Path(r.name).name) for r in c.resources}
+    assert {("buildsnap", "buildcache-orphan"), ("staging", "oci-put-blob123"),
+            ("staging", ".tmp-abc-1234")} <= got  # fmt: skip
+    assert not {n for k, n in got if n in ("buildcache-kept", "buildcache-template")}
+    leaks = {Path(x.resource.name).name for x in cm.diff(c, live=[]).leaks}
+    assert {"buildcache-orphan", "oci-put-blob123", ".tmp-abc-1234"} <= leaks
+    assert cm.BUILD_PREFIX == stepgc.PREFIX

@@ -1,0 +1,77 @@
+"""A template's start command (E2B's `startCmd`): started in a VM of the template, waited for
+with its ready command (`readyCmd`), then snapshotted, so sandboxes start with the process
+already running. Builds run it as their last stage; `aenv pull --start-cmd` runs it for a
+pulled image. VMs doing either get the egress the node config gives builds."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from aenv.config import Config
+from aenv.images.agent import BuildAgent
+from aenv.images.stepcache import StepState
+
+READY_TIMEOUT_S = 300.0
+READY_INTERVAL_S = 1.0
+
+
+class NotReady(Exception):
+    pass
+
+
+def build_egress(cfg: Config) -> Any:
+    from aenv.network.egress import EgressPolicy
+
+    allow = list(cfg.build_egress_allow)
+    return EgressPolicy.from_request("0.0.0.0/0" in allow, allow, [])
+
+
+async def start_and_wait(agent: BuildAgent, start_cmd: str | None, ready_cmd: str | None,
+                         state: StepState, say: Callable[[str], None]) -> None:
+    if start_cmd:
+        say(f"Starting: {start_cmd}")
+        await agent.run(start_cmd, user=state.user, cwd=state.workdir, env=state.env,
+                        background=True)  # fmt: skip
+    if ready_cmd:
+        say(f"Waiting for: {ready_cmd}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT_S
+        while await agent.run(ready_cmd, user=state.user, cwd=state.workdir,
+                              env=state.env) != 0:  # fmt: skip
+            if loop.time() > deadline:
+                raise NotReady(f"the ready command did not succeed within "
+                               f"{READY_TIMEOUT_S:.0f} s: {ready_cmd}")  # fmt: skip
+            await asyncio.sleep(READY_INTERVAL_S)
+
+
+async def with_start_cmd(rt: Any, template: Any, start_cmd: str, ready_cmd: str | None,
+                         say: Callable[[str], None]) -> Any:
+    """`template` (a catalog entry) snapshotted again with `start_cmd` running; the snapshot
+    it had goes (sandboxes made from it keep their reflinked files)."""
+    from aenv.orchestrator.runtime_api import AgentInit
+
+    state = StepState(dict(template.env), template.user or "user",
+                      template.workdir or "/home/user")  # fmt: skip
+    vm, token = f"start-{secrets.token_hex(4)}", secrets.token_hex(16)
+    init = AgentInit(access_token=token, env_vars=dict(state.env), default_user=state.user,
+                     default_workdir=state.workdir, egress=build_egress(rt.cfg))  # fmt: skip
+    snap = f"tpl-{template.name}-start-{secrets.token_hex(3)}"
+    try:
+        handle = await rt.create(vm, template.name, init)
+        agent = BuildAgent(handle.url(), token)
+        try:
+            await start_and_wait(agent, start_cmd, ready_cmd, state, say)
+        finally:
+            await agent.close()
+        await rt.snapshot_build(vm, snap, template.name)
+    finally:
+        await rt.destroy(vm)
+    old = template.snapshot_id
+    template.snapshot_id, template.start_cmd = snap, start_cmd
+    rt.catalog.put(template)
+    if old != snap:
+        rt.delete_snapshot(old)
+    return template

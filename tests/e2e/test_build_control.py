@@ -1,0 +1,189 @@
+"""Template builds under the node's control, with the unmodified SDK: RUN steps reach what
+the builds' egress policy opens (a test "internet" server) and nothing else; builds beyond
+`max_concurrent_builds` wait; a cancelled build (aenv's DELETE) and a build whose node was
+killed end `error` and leave no template and no build VM; a build context over the node's
+bound is refused (413)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.template.types import BuildInfo
+
+from aenv.network import netns as ns
+from tests.support import census
+from tests.support.image_state import removed_after
+from tests.support.internet import HttpServer, Internet, forwarding, free_port, internet_namespace
+from tests.support.registry import Seeded, have_tools, seeded_registry
+
+from .conftest import NodeProcess, qemu_pids, sdk_pointed_at
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
+              pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
+
+BODY = b"hello from the test internet\n"
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def inet() -> Iterator[tuple[Internet, int]]:
+    with internet_namespace() as inet:
+        port = free_port()
+        server = ns.run_in_netns(ns.netns_path(inet.name), HttpServer, port, BODY)
+        try:
+            yield inet, port
+        finally:
+            server.close()
+
+
+@contextlib.contextmanager
+def slots_forwarding(instance: str) -> Iterator[None]:
+    """Forwarding on for the host veths of `instance`'s slots as they appear (the route out
+    is the operator's, docs/security.md): only what the slot rules let out is forwarded."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.1):
+            for name in os.listdir("/sys/class/net"):
+                if name.startswith(f"{instance}-") and name.endswith("h"):
+                    with contextlib.suppress(OSError):
+                        forwarding(name, True)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
+def _node(tmp: Path, name: str, instance: str, inet: Internet) -> NodeProcess:
+    n = NodeProcess(free_port(), tmp / f"{name}.log", extra_env={
+        "AENV_INSTANCE": instance, "AENV_MAX_CONCURRENT_BUILDS": "1",
+        "AENV_BUILD_CONTEXT_MAX_BYTES": str(1 << 20), "AENV_BUILD_EGRESS_ALLOW": str(inet.net),
+        "AENV_WARM_POOL_SIZE": "0"})  # fmt: skip
+    n.start()
+    return n
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory,
+         inet: tuple[Internet, int]) -> Iterator[NodeProcess]:
+    instance = census.new_instance()
+    n = _node(tmp_path_factory.mktemp("node"), "node", instance, inet[0])
+    try:
+        with slots_forwarding(instance), sdk_pointed_at(n):
+            yield n
+    finally:
+        code = n.stop()
+        print(n.tail(100))
+        census.release(instance)
+    assert code == 0
+
+
+def _wait(what: str, ok: Callable[[], bool], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def _status(info: BuildInfo) -> tuple[str, list[str], str]:
+    s = Template.get_build_status(info, logs_offset=0)
+    reason = s.reason.message if s.reason else ""
+    return s.status.value, [e.message for e in s.log_entries], reason
+
+
+def test_run_steps_reach_what_the_build_policy_opens_and_nothing_else(
+        node: NodeProcess, seeded: Seeded, inet: tuple[Internet, int]) -> None:
+    net, port = inet
+    name = f"e2e-egress-{os.urandom(3).hex()}"
+    t = (Template().from_image(seeded.sibling)
+         .run_cmd(f"wget -q -T 10 -O /home/user/got http://{net.addr}:{port}/"))  # fmt: skip
+    Template.build(t, name)
+    sbx = Sandbox.create(name, timeout=120)
+    try:
+        assert sbx.commands.run("cat /home/user/got").stdout == BODY.decode()
+    finally:
+        sbx.kill()
+    # The host's other address is no part of the opened range: the step fails.
+    t = Template().from_image(seeded.sibling).run_cmd(
+        f"wget -q -T 3 -O- http://{net.host_public}:{port}/")
+    with pytest.raises(Exception, match="exit code 1"):
+        Template.build(t, f"{name}-closed")
+    assert not Template.exists(f"{name}-closed")
+
+
+def test_builds_wait_for_a_slot_and_a_cancelled_one_leaves_nothing(
+        node: NodeProcess, seeded: Seeded) -> None:
+    tag = os.urandom(3).hex()
+    slow = Template.build_in_background(
+        Template().from_image(seeded.sibling).run_cmd("sleep 600"), f"e2e-slow-{tag}")
+    _wait("the slow build's step", lambda: "[1/1] RUN sleep 600" in _status(slow)[1])
+    quick = Template.build_in_background(
+        Template().from_image(seeded.sibling).run_cmd("echo b > /home/user/b"),
+        f"e2e-quick-{tag}")  # fmt: skip
+    _wait("the quick build to queue",
+          lambda: any("Waiting for a free build slot" in m for m in _status(quick)[1]))
+    time.sleep(1)
+    assert not any(m.startswith("[1/1]") for m in _status(quick)[1])  # still waiting
+    with node.api() as c:
+        r = c.delete(f"/templates/{slow.template_id}/builds/{slow.build_id}")
+        assert r.status_code == 204, r.text
+        r = c.delete(f"/templates/{slow.template_id}/builds/{slow.build_id}")
+        assert r.status_code == 409 and "not running" in r.json()["message"]
+    status, _, reason = _status(slow)
+    assert (status, reason) == ("error", "the build was cancelled")
+    _wait("the quick build", lambda: _status(quick)[0] == "ready")
+    assert Template.exists(f"e2e-quick-{tag}") and not Template.exists(f"e2e-slow-{tag}")
+    assert not qemu_pids(node.env["AENV_INSTANCE"])  # no build VM is left running
+
+
+def test_a_context_over_the_bound_is_refused(node: NodeProcess, seeded: Seeded,
+                                            tmp_path: Path) -> None:
+    (tmp_path / "big.bin").write_bytes(os.urandom(2 << 20))  # incompressible: > 1 MiB
+    t = Template(file_context_path=str(tmp_path)).from_image(seeded.sibling).copy(
+        "big.bin", "/srv/big.bin")
+    with pytest.raises(Exception, match="exceeds 1048576 bytes"):
+        Template.build(t, f"e2e-big-{os.urandom(3).hex()}")
+
+
+def test_a_node_killed_during_a_build_marks_it_error_and_leaks_nothing(
+        seeded: Seeded, inet: tuple[Internet, int], tmp_path: Path) -> None:
+    instance = census.new_instance()
+    a = _node(tmp_path, "a", instance, inet[0])
+    try:
+        with sdk_pointed_at(a):
+            info = Template.build_in_background(
+                Template().from_image(seeded.sibling).run_cmd("sleep 600"),
+                f"e2e-killed-{os.urandom(3).hex()}")  # fmt: skip
+            _wait("the build's step", lambda: "[1/1] RUN sleep 600" in _status(info)[1])
+        a.kill9()
+        b = _node(tmp_path, "b", instance, inet[0])
+        try:
+            with sdk_pointed_at(b):
+                status, _, reason = _status(info)
+                assert (status, reason) == ("error", "the node restarted during the build")
+                assert not Template.exists(info.template_id)
+            assert not qemu_pids(instance), "the build VM outlived its node's restart"
+            assert census.problems(instance) == []
+        finally:
+            assert b.stop() == 0, b.tail()
+    finally:
+        if a.proc and a.proc.poll() is None:
+            a.kill9()
+        census.release(instance)
