@@ -183,6 +183,7 @@ _SIMPLE_ENV = {
     "KERNEL_PATH": "kernel_path",
     "DEFAULT_TEMPLATE": "default_template",
     "MAX_SANDBOXES": "max_sandboxes",
+    "SLOT_NETWORK": "slot_network",
     "WARM_POOL_SIZE": "warm_pool_size",
     "PRIMED_POOL_SIZE": "primed_pool_size",
     "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",

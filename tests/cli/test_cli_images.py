@@ -55,7 +55,7 @@ def test_a_dockerfile_builds_through_the_api(vm_node: Node, seeded: Seeded,
     p = vm_node.cli("template", "ls", "--json")
     row = next(t for t in json.loads(p.stdout) if t["templateID"] == "cli-df")
     assert 0 < row["sharedBytes"] < row["sizeBytes"], row
-    p = vm_node.cli("template", "ls", env={"COLUMNS": "250"})
+    p = vm_node.cli("template", "ls", "--table", env={"COLUMNS": "250"})
     assert "SHARED" in p.stdout.splitlines()[0], p.stdout
     p = vm_node.cli("template", "rm", "cli-df")
     assert (p.returncode, p.stdout, p.stderr) == (0, "cli-df\n", "")

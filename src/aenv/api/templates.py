@@ -40,7 +40,7 @@ def _template(t: TemplateInfo) -> Template:
 
 @router.get("/templates", operation_id="listTemplates")
 async def list_templates(request: Request) -> list[Template]:
-    return [_template(t) for t in _orch(request).templates()]
+    return [_template(t) for t in _orch(request).templates(usage=True)]
 
 
 @router.get("/templates/aliases/{alias:path}", operation_id="getTemplateByAlias")

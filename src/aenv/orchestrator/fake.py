@@ -72,7 +72,7 @@ class FakeRuntime:
         self.live.clear()
         self.closed = True
 
-    def templates(self) -> list[TemplateInfo]:
+    def templates(self, *, usage: bool = False) -> list[TemplateInfo]:
         return list(self._templates)
 
     def template(self, name_or_id: str) -> TemplateInfo:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -313,14 +314,15 @@ class Runtime:
         return self.driver.accel().value
 
     # -- templates --------------------------------------------------------------------
-    def templates(self) -> list[TemplateInfo]:
-        """With each template's bytes, own and shared (FIEMAP: listings only)."""
+    def templates(self, *, usage: bool = False) -> list[TemplateInfo]:
+        """With `usage`, each template's bytes, own and shared (FIEMAP: for listings)."""
         out = []
         for t in self.catalog.list():
             info = self._template_info(t.name)
-            use = tree_usage(self.snapshots.path(t.snapshot_id)) + tree_usage(
-                self.catalog.dir(t.name))
-            info.size_bytes, info.shared_bytes = use.total, use.shared
+            if usage:
+                use = tree_usage(self.snapshots.path(t.snapshot_id)) + tree_usage(
+                    self.catalog.dir(t.name))
+                info = dataclasses.replace(info, size_bytes=use.total, shared_bytes=use.shared)
             out.append(info)
         return out
 

@@ -121,7 +121,7 @@ class Runtime(Protocol):
     async def close(self) -> None:
         """Kill every VM this runtime started and release slots (node shutdown)."""
 
-    def templates(self) -> list[TemplateInfo]: ...
+    def templates(self, *, usage: bool = False) -> list[TemplateInfo]: ...
 
     def template(self, name_or_id: str) -> TemplateInfo:
         """Raise TemplateNotFound."""

@@ -220,8 +220,8 @@ class Orchestrator:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def templates(self) -> list[TemplateInfo]:
-        return self.runtime.templates()
+    def templates(self, *, usage: bool = False) -> list[TemplateInfo]:
+        return self.runtime.templates(usage=usage)
 
     def template(self, name: str) -> TemplateInfo:
         return self.runtime.template(name)
