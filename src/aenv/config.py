@@ -98,6 +98,9 @@ class Config(BaseModel):
     # The image cache's bound (blobs of pulled images): images no template was made from are
     # evicted, least recently used first, beyond it.
     image_cache_bytes: int = Field(32 << 30, ge=1 << 20)
+    # A pulled image whose layers extend a template's image is made on that template (its
+    # extra layers applied in a VM of it) rather than from a disk of its own.
+    layered_pulls: bool = True
     # The step cache's bound (build snapshots after each step): least recently used beyond it.
     step_cache_bytes: int = Field(16 << 30, ge=1 << 20)
     max_concurrent_builds: int = Field(2, ge=1, le=64)
@@ -203,6 +206,7 @@ _SIMPLE_ENV = {
     "MAX_CONCURRENT_BUILDS": "max_concurrent_builds",
     "IMAGE_CACHE_BYTES": "image_cache_bytes",
     "STEP_CACHE_BYTES": "step_cache_bytes",
+    "LAYERED_PULLS": "layered_pulls",
     "PUBLIC_URL": "public_url",
     "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
 }

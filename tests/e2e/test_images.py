@@ -47,13 +47,9 @@ def template_name() -> Iterator[str]:
         yield f"e2e-img-{secrets.token_hex(3)}"
 
 
-def test_a_pulled_image_runs_as_user_with_its_config_and_layers(
-        node: NodeProcess, seeded: Seeded, template_name: str) -> None:
-    p = aenv("pull", seeded.multi, "--name", template_name)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == template_name
-    assert "layer" in p.stderr  # progress per layer
-    sbx = Sandbox.create(template_name, timeout=300)
+def _check_multi(template: str) -> None:
+    """A sandbox of `seeded.multi`'s template sees its config and every case of its layers."""
+    sbx = Sandbox.create(template, timeout=300)
     try:
         r = sbx.commands.run('id -un; pwd; echo "$FOO"')
         assert r.stdout.split() == ["user", "/work", "bar"], r.stdout
@@ -79,6 +75,15 @@ def test_a_pulled_image_runs_as_user_with_its_config_and_layers(
             "hi", "user"]
     finally:
         sbx.kill()
+
+
+def test_a_pulled_image_runs_as_user_with_its_config_and_layers(
+        node: NodeProcess, seeded: Seeded, template_name: str) -> None:
+    p = aenv("pull", seeded.multi, "--name", template_name)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == template_name
+    assert "layer" in p.stderr  # progress per layer
+    _check_multi(template_name)
     # A second pull of the same image is answered from the caches.
     p = aenv("pull", seeded.multi, "--name", template_name)
     assert p.returncode == 0, p.stderr
@@ -127,3 +132,27 @@ def test_a_start_command_is_running_in_every_sandbox_of_the_template(
         sbx.kill()
     p = aenv("pull", seeded.sibling, "--name", template_name, "--ready-cmd", "true")
     assert p.returncode == 1 and p.stderr.strip() == "aenv: --ready-cmd needs --start-cmd"
+
+
+def test_an_image_that_extends_a_templates_image_is_made_on_that_template(
+        node: NodeProcess, seeded: Seeded, template_name: str) -> None:
+    lower = f"{template_name}-lower"
+    assert aenv("pull", seeded.base, "--name", lower).returncode == 0
+    p = aenv("pull", seeded.multi, "--name", template_name)
+    assert p.returncode == 0, p.stderr
+    assert f"1 of its 3 layers are template {lower}'s: making it on that one" in p.stderr
+    assert "unpacking" not in p.stderr and "booting" not in p.stderr  # no disk, no cold boot
+    _check_multi(template_name)
+    with node.api() as c:
+        t = next(t for t in c.get("/templates").json() if t["templateID"] == template_name)
+    assert t["sharedBytes"] > 0.5 * t["sizeBytes"], t  # mostly the lower template's extents
+    p = aenv("pull", seeded.multi, "--name", template_name)
+    assert p.returncode == 0 and "up to date" in p.stderr, p.stderr
+    # The lower template can go: the one made on it has its own (reflinked) files.
+    with node.api() as c:
+        assert c.delete(f"/templates/{lower}").status_code == 204
+    sbx = Sandbox.create(template_name, timeout=120)
+    try:
+        assert sbx.commands.run("cat /opt/data/new").stdout == "new"
+    finally:
+        sbx.kill()

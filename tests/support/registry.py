@@ -205,6 +205,7 @@ class Seeded:
     hub_name: str  # sibling, pushed as library/ubuntu:22.04 for the docker.io mirror
     multiarch: str  # an index: amd64 -> multi, arm64 -> sibling
     arm_only: str  # an index with an arm64 image alone
+    base: str  # multi's first layer alone: multi extends it
     # Stand-ins under the Docker Hub names the E2B SDK's template tests use (also sibling).
     hub_names: tuple[str, ...] = ("library/ubuntu:22.04", "e2bdev/base:latest")
 
@@ -236,6 +237,7 @@ def seeded_registry(work: Path) -> Iterator[Seeded]:
     try:
         multi = OciImage(work / "layout", "multi")
         multi.layer(_base)
+        base = multi.branch("base")
         sibling = multi.branch("sibling")
         multi.layer(_delta)
         newdata = work / "newdata"
@@ -250,6 +252,7 @@ def seeded_registry(work: Path) -> Iterator[Seeded]:
         arm = multi.index_of("armonly", {"arm64": sibling})
         yield Seeded(reg, multi.push(reg, "test/multi:1"), sibling.push(reg, "test/sibling:1"),
                      hub[0], both.push_all(reg, "test/multiarch:1"),
-                     arm.push_all(reg, "test/armonly:1"))  # fmt: skip
+                     arm.push_all(reg, "test/armonly:1"),
+                     base.push(reg, "test/base:1"))  # fmt: skip
     finally:
         reg.stop()

@@ -4,10 +4,12 @@ server streams of JSON envelopes for processes, plain HTTP for files."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +24,12 @@ class AgentError(Exception):
     def __init__(self, message: str, code: str = "unknown") -> None:
         super().__init__(message)
         self.code = code
+
+
+async def _chunks(path: Path, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, size):
+            yield chunk
 
 
 def _basic(user: str) -> str:
@@ -115,10 +123,16 @@ class BuildAgent:
         except ValueError:
             return AgentError(body[:200].decode(errors="replace"))
 
-    async def write(self, path: str, data: bytes, *, user: str = "root") -> None:
-        r = await self.http.post("/files", params={"path": path}, content=data,
-                                 headers={"Content-Type": "application/octet-stream",
-                                          "Authorization": _basic(user)},
-                                 timeout=FILE_TIMEOUT_S)  # fmt: skip
+    async def write(self, path: str, data: bytes | Path, *, user: str = "root") -> None:
+        """`data`, or the file at that host path (streamed: layers may be large)."""
+        headers = {"Content-Type": "application/octet-stream", "Authorization": _basic(user)}
+        content: bytes | AsyncIterator[bytes]
+        if isinstance(data, Path):
+            headers["Content-Length"] = str(data.stat().st_size)
+            content = _chunks(data)
+        else:
+            content = data
+        r = await self.http.post("/files", params={"path": path}, content=content,
+                                 headers=headers, timeout=FILE_TIMEOUT_S)  # fmt: skip
         if r.status_code != 200:
             raise self._error(r.content)

@@ -143,6 +143,18 @@ class ImageCache:
             out[str(tag)] = blobs
         return out
 
+    def layer_types(self, tag: str) -> list[tuple[str, str]] | None:
+        """(digest, media type) of each layer of the image stored as `tag`, in order; None
+        when the cache does not hold it whole."""
+        for m in self._index():
+            if (m.get("annotations") or {}).get(REF_ANNOTATION) == tag:
+                with contextlib.suppress(RegistryError, KeyError, TypeError):
+                    layers = self._blob_json(str(m["digest"])).get("layers") or []
+                    out = [(str(x["digest"]), str(x.get("mediaType") or "")) for x in layers]
+                    if all(self.blob_path(d).exists() for d, _ in out):
+                        return out
+        return None
+
     @contextmanager
     def locked(self) -> Iterator[None]:
         with (self.root / ".lock").open("a") as f:

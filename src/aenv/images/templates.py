@@ -14,15 +14,18 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aenv.config import Config, MachineShape
-from aenv.images import eviction, finalize, rootfs
+from aenv.images import eviction, finalize, layered, rootfs
 from aenv.images.cache import CachedImage, ImageCache, layout_tag
 from aenv.images.reference import parse
-from aenv.images.registry import Credentials, RegistrySettings, Skopeo
+from aenv.images.registry import Credentials, RegistryError, RegistrySettings, Skopeo
+from aenv.storage.snapshots import now_rfc3339
 from aenv.storage.templates import Template, TemplateMissing
 
 log = logging.getLogger(__name__)
+LAYERED = "layered:"  # a template made on a lower one: its build key names that snapshot
 _SKOPEO_BLOB = re.compile(r"Copying blob (sha256:[0-9a-f]{12})[0-9a-f]* ?(.*)")
 
 
@@ -84,25 +87,64 @@ async def template_from_image(rt: object, image: str, name: str | None,
         size = shape or cfg.default_shape
         name = (f"image-{pulled.manifest_digest.removeprefix('sha256:')[:12]}-"
                 f"{size.vcpus}c{size.memory_mib}m{size.disk_mib}d")  # fmt: skip
-    users: list[str | None] = []
-
-    def fill(root: Path) -> None:
-        progress(f"unpacking {len(pulled.layers)} layers")
-        cache.unpack(pulled, root)
-        rootfs.prepare(root, pulled.config.workdir)
-        users.append(rootfs.user_name(root, pulled.config.user))  # uid -> name, while here
-
+    source = f"{ref.name}:{ref.tag}@{pulled.digest}" if ref.tag else str(ref)
     with contextlib.suppress(TemplateMissing):  # its snapshot has another process running
         force = force or rt.catalog.get(name).start_cmd != start_cmd
-    t = await build_template(rt, name, f"image-{pulled.manifest_digest}", shape,
-                             progress=progress, force=force, fill=fill)  # fmt: skip
-    # No unpack when the rootfs was cached: the name then comes from the template before.
-    user = users[0] if users else rootfs.user_name(Path("/nonexistent"), pulled.config.user)
-    t.source_image = f"{ref.name}:{ref.tag}@{pulled.digest}" if ref.tag else str(ref)
+    t = await _layered(rt, cache, pulled, name, source, shape or cfg.default_shape, force,
+                       progress)  # fmt: skip
+    if t is None:
+        users: list[str | None] = []
+
+        def fill(root: Path) -> None:
+            progress(f"unpacking {len(pulled.layers)} layers")
+            cache.unpack(pulled, root)
+            rootfs.prepare(root, pulled.config.workdir)
+            users.append(rootfs.user_name(root, pulled.config.user))  # uid -> name, here
+
+        t = await build_template(rt, name, f"image-{pulled.manifest_digest}", shape,
+                                 progress=progress, force=force, fill=fill)  # fmt: skip
+        # No unpack when the rootfs was cached: the name then comes from the template before.
+        t.user = users[0] if users else rootfs.user_name(Path("/nonexistent"),
+                                                         pulled.config.user)  # fmt: skip
+    t.source_image = source
     t.env = dict(pulled.config.env)
-    t.user = user
     t.workdir = pulled.config.workdir
     rt.catalog.put(t)
     if start_cmd and t.start_cmd != start_cmd:
         t = await finalize.with_start_cmd(rt, t, start_cmd, ready_cmd, progress)
+    return t
+
+
+async def _layered(rt: Any, cache: ImageCache, pulled: CachedImage, name: str, source: str,
+                   shape: MachineShape, force: bool,
+                   progress: Callable[[str], None]) -> Template | None:
+    """The template made on a lower one (`layered`), or None: then the unpack path."""
+    try:
+        old: Template | None = rt.catalog.get(name)
+    except TemplateMissing:
+        old = None
+    if (old is not None and not force and old.build_key.startswith(LAYERED)
+            and old.source_image == source and old.shape == shape
+            and rt.has_snapshot(old.snapshot_id)):  # fmt: skip
+        progress(f"template {name} is up to date")
+        return old
+    if not rt.cfg.layered_pulls:
+        return None
+    lower = layered.find_lower(rt.catalog.list(), cache, pulled, shape, rt.has_snapshot)
+    if lower is None:
+        return None
+    progress(f"{lower.layers} of its {len(pulled.layers)} layers are template "
+             f"{lower.template.name}'s: making it on that one")  # fmt: skip
+    try:
+        snap, user = await layered.snapshot_on(rt, lower, pulled, cache, name, progress)
+    except layered.LayeringFailed as e:
+        raise RegistryError(f"applying {source}'s layers failed: {e}", "corrupt") from None
+    t = Template(name=name, recipe=f"image-{pulled.manifest_digest}", shape=shape,
+                 snapshot_id=snap, build_key=f"{LAYERED}{lower.template.snapshot_id}",
+                 created_at=now_rfc3339(), envd_version=lower.template.envd_version, user=user)
+    rt.catalog.put(t)
+    if old is not None and old.snapshot_id != snap:
+        with contextlib.suppress(Exception):
+            rt.delete_snapshot(old.snapshot_id)
+    progress(f"template {name} ready (snapshot {snap})")
     return t
