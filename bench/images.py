@@ -7,8 +7,10 @@ with a small layer of its own. The table shows:
 - pull + convert throughput (skopeo into the image cache; MB of compressed blobs per second),
   cold and with every layer already cached;
 - `aenv pull` (pull, unpack, ext4 disk, cold boot, snapshot), cold and again (up to date);
-- the data filesystem bytes used by the `--n` templates against the sum of their image
-  sizes and against base + their own deltas (the 1.3x target);
+- the data filesystem bytes used by the `--n` templates (each with a `--delta-mib` layer of
+  its own) against the sum of their image sizes and against base + their own deltas (the
+  1.3x target): made on the base's template (layered pulls, the default) and each from a
+  disk of its own (AENV_LAYERED_PULLS=0);
 - create latency at the API from a pulled template against `base`.
 The templates it made (and their step-cache entries) and the registry are removed at the
 end; the blobs stay in the node's image cache (bounded by `image_cache_bytes`). Nothing is
@@ -41,10 +43,10 @@ from tests.support.registry import OciImage, Registry, busybox_tree  # noqa: E40
 AENV = str(ROOT / ".venv" / "bin" / "aenv")
 
 
-def aenv(*args: str) -> float:
+def aenv(*args: str, env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
-    p = subprocess.run([AENV, *args], capture_output=True, text=True,
-                       env={**os.environ, "AENV_DATA_DIR": str(DATA_DIR)})  # fmt: skip
+    env = {**os.environ, "AENV_DATA_DIR": str(DATA_DIR), **(env or {})}
+    p = subprocess.run([AENV, *args], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(f"aenv {' '.join(args)} failed: {p.stderr[-2000:]}")
     return time.perf_counter() - t0
@@ -67,10 +69,10 @@ def create_ms(node: Node, template: str, n: int) -> float:
     return statistics.median(times) * 1000
 
 
-def build_rows(node: Node, base_ref: str, n: int, tag: str,
-               names: list[str]) -> list[tuple[str, str]]:
+def build_rows(node: Node, base_ref: str, n: int, tag: str, names: list[str],
+               delta_mib: int) -> list[tuple[str, str]]:
     """E2B builds (the SDK against the node): cold, a rebuild with the last step changed, and
-    `n` templates built FROM one image, each writing 1 MiB of its own."""
+    `n` templates built FROM one image, each writing `delta_mib` MiB of its own."""
     from e2b import Template
 
     def build(name: str, last: str) -> float:
@@ -89,10 +91,11 @@ def build_rows(node: Node, base_ref: str, n: int, tag: str,
     before = used_bytes()
     for i in range(n):
         names.append(f"bench-build{i}-{tag}")
-        build(names[-1], f"head -c 1048576 /dev/urandom > /home/user/own{i}.bin")
+        build(names[-1], f"head -c {delta_mib << 20} /dev/urandom > /home/user/own{i}.bin")
     used = used_bytes() - before
-    rows.append((f"{n} builds FROM one image (1 MiB each): data-fs bytes used",
-                 f"{used / 2**20:.0f} MiB ({used / (n << 20):.1f}x their own deltas)"))
+    rows.append((f"{n} builds FROM one image ({delta_mib} MiB each): data-fs bytes used",
+                 f"{used / 2**20:.0f} MiB ({used / (n * delta_mib << 20):.1f}x their own "
+                 "deltas)"))
     return rows
 
 
@@ -105,6 +108,7 @@ def run() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=64, help="size of the base image's data layer")
     ap.add_argument("--n", type=int, default=10, help="templates FROM one base")
+    ap.add_argument("--delta-mib", type=int, default=1, help="each derived image's own layer")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="aenv-bench-images-"))
     reg = Registry(work / "registry").start()
@@ -118,7 +122,8 @@ def run() -> int:
         kids = []
         for i in range(args.n):
             kid = base.branch(f"kid{i}")
-            kid.layer(lambda r, i=i: (r / f"own{i}.bin").write_bytes(os.urandom(1 << 20)))
+            kid.layer(lambda r, i=i: (r / f"own{i}.bin").write_bytes(
+                os.urandom(args.delta_mib << 20)))
             kids.append(kid.push(reg, f"bench/kid{i}:{tag}"))
         base_ref = base.push(reg, f"bench/base:{tag}")
 
@@ -141,26 +146,28 @@ def run() -> int:
         for what in ("aenv pull (to template), cold", "aenv pull again (up to date)"):
             rows.append((what, f"{aenv('pull', base_ref, '--name', name):.1f} s"))
 
-        before = used_bytes()
-        image_sum = 0
-        for i, ref in enumerate(kids):
-            kid_name = f"bench-kid{i}-{tag}"
-            names.append(kid_name)
-            aenv("pull", ref, "--name", kid_name)
-            image_sum += cache.pull(parse(ref)).size
-        used = used_bytes() - before
         base_bytes = img.size
-        deltas = args.n * (1 << 20)
-        rows.append((f"{args.n} templates FROM one base: data-fs bytes used",
-                     f"{used / 2**20:.0f} MiB"))  # fmt: skip
-        rows.append(("  against the sum of their image sizes", f"{used / image_sum:.2f}x"))
-        rows.append(("  against base + their deltas (target <= 1.3x)",
-                     f"{used / (base_bytes + deltas):.2f}x"))  # fmt: skip
+        deltas = args.n * (args.delta_mib << 20)
+        for how, env in (("layered on the base's template", {}),
+                         ("each from a disk of its own", {"AENV_LAYERED_PULLS": "0"})):
+            before = used_bytes()
+            image_sum, times = 0, []
+            for i, ref in enumerate(kids):
+                kid_name = f"bench-kid{i}-{tag}-{len(names)}"
+                names.append(kid_name)
+                times.append(aenv("pull", ref, "--name", kid_name, env=env))
+                image_sum += cache.pull(parse(ref)).size
+            used = used_bytes() - before
+            rows.append((f"{args.n} pulled templates FROM one base, {how}",
+                         f"{used / 2**20:.0f} MiB, {statistics.median(times):.1f} s each"))
+            rows.append(("  against the sum of their image sizes", f"{used / image_sum:.2f}x"))
+            rows.append(("  against base + their deltas (target <= 1.3x)",
+                         f"{used / (base_bytes + deltas):.2f}x"))  # fmt: skip
 
         node = Node(work / "node.log", AENV_PRIMED_POOL_SIZE="0")
         node.start()
         try:
-            rows += build_rows(node, base_ref, args.n, tag, names)
+            rows += build_rows(node, base_ref, args.n, tag, names, args.delta_mib)
             create_ms(node, name, 1)  # first restore of each pays its page cache
             rows.append(("create at the API, pulled template (p50 of 5)",
                          f"{create_ms(node, name, 5):.0f} ms"))  # fmt: skip

@@ -82,17 +82,24 @@ def evict(cache: ImageCache, bound: int, pinned: set[str]) -> Report:
         usage = _usage(cache)
         pinned_blobs = set().union(*(tags[t] for t in pinned if t in tags))
         report = Report(_size(cache, cache.cached_blobs()), _size(cache, pinned_blobs))
+        # Which to untag is worked out from the tags' blob sets (a blob stays while any
+        # remaining image references it); then one garbage collection removes the blobs.
+        keep = dict(tags)
+        total = _size(cache, set().union(*keep.values()))  # blobs no tag names go anyway
         for tag in sorted((t for t in tags if t not in pinned), key=lambda t: usage.get(t, 0)):
-            if report.total <= bound:
+            if total <= bound:
                 break
-            _umoci("remove", "--image", f"{cache.layout}:{tag}")
-            _umoci("gc", "--layout", str(cache.layout))
-            usage.pop(tag, None)
+            del keep[tag]
             report.evicted.append(tag)
-            report.total = _size(cache, cache.cached_blobs())
+            total = _size(cache, set().union(*keep.values()))
+        for tag in report.evicted:
+            _umoci("remove", "--image", f"{cache.layout}:{tag}")
+            usage.pop(tag, None)
             EVICTIONS.inc()
-        if report.evicted:
+        if report.evicted or total < report.total:
+            _umoci("gc", "--layout", str(cache.layout))
             write_json_atomic(cache.root / USAGE, usage)
+            report.total = _size(cache, cache.cached_blobs())
     CACHE_BYTES.labels("total").set(report.total)
     CACHE_BYTES.labels("pinned").set(report.pinned)
     if report.total > bound:

@@ -31,25 +31,28 @@ GUEST_PYTHON = ("PYTHONHOME=/.aenv/python /.aenv/lib/ld-linux-x86-64.so.2 "
 WORK = "/.aenv-layers"  # on the guest's disk (its RAM stays free), root only; removed after
 _OCI, _DOCKER = "application/vnd.oci.image.layer.v1", "application/vnd.docker.image.rootfs.diff"
 READABLE = frozenset({f"{_OCI}.tar", f"{_OCI}.tar+gzip", f"{_DOCKER}.tar", f"{_DOCKER}.tar.gzip"})
-# Beyond this many layer bytes, the guest's page cache is dropped before the snapshot and the
-# freed pages given back (free page reporting): the snapshot keeps less of the layers' RAM.
-SETTLE_BYTES = 16 << 20
-PREPARE = f"""
-import sys
+# One guest process does it all (each Python start dirties RAM the snapshot keeps): apply the
+# layers in order, removing each file once applied, prepare the tree as a pull does, give the
+# freed blocks back to the host (FITRIM; the disk is discard=unmap), print the User's account.
+APPLY = f"""
+import fcntl, os, struct, sys
 sys.path.insert(0, {WORK!r})
 from pathlib import Path
-import rootfs
-rootfs.prepare(Path("/"), sys.argv[1] or None)
-print(rootfs.user_name(Path("/"), sys.argv[2] or None) or "")
-"""
-# FITRIM on the root: the blocks the layer files took go back to the host (discard=unmap).
-TRIM = """
-import fcntl, os, struct
+import apply_layer, rootfs
+workdir, user, layers = sys.argv[1] or None, sys.argv[2] or None, sys.argv[3:]
+for i, layer in enumerate(layers, 1):
+    n = apply_layer.apply(Path(layer), Path("/"))
+    os.unlink(layer)
+    print(f"layer {{i}}/{{len(layers)}}: {{n}} entries", flush=True)
+rootfs.prepare(Path("/"), workdir)
+account = rootfs.user_name(Path("/"), user) or ""
+os.sync()
 fd = os.open("/", os.O_RDONLY)
 try:
     fcntl.ioctl(fd, 0xC0185879, struct.pack("QQQ", 0, 2**64 - 1, 0))
 except OSError:
     pass
+print("user=" + account)
 """
 
 
@@ -115,25 +118,22 @@ async def snapshot_on(rt: Any, lower: Lower, image: CachedImage, cache: ImageCac
                 await agent.write(f"{WORK}/{mod.__name__.rsplit('.', 1)[1]}.py",
                                   Path(mod.__file__).read_bytes())  # fmt: skip
             extra = image.layers[lower.layers:]
-            size = 0
+            paths = []
             for i, digest in enumerate(extra, 1):
-                blob = cache.blob_path(digest)
-                size += blob.stat().st_size
-                progress(f"layer {digest[:19]}: applying ({i}/{len(extra)}) in a VM of "
-                         f"{lower.template.name}")  # fmt: skip
-                await agent.write(f"{WORK}/layer{i}", blob)
-                await _run(agent, f"{GUEST_PYTHON} {WORK}/apply_layer.py {WORK}/layer{i} / "
-                                  f"&& rm {WORK}/layer{i}")  # fmt: skip
+                progress(f"layer {digest[:19]}: copying into a VM of {lower.template.name}")
+                paths.append(f"{WORK}/layer{i}")
+                await agent.write(paths[-1], cache.blob_path(digest))
             out: list[str] = []
             q = shlex.quote
-            await _run(agent, f"{GUEST_PYTHON} -c {q(PREPARE)} "
-                              f"{q(image.config.workdir or '')} {q(image.config.user or '')}",
+            await _run(agent, f"{GUEST_PYTHON} -c {q(APPLY)} {q(image.config.workdir or '')} "
+                              f"{q(image.config.user or '')} {' '.join(paths)} && rm -rf {WORK}",
                        out)  # fmt: skip
-            settle = "; echo 3 > /proc/sys/vm/drop_caches; sleep 3" if size > SETTLE_BYTES else ""
-            await _run(agent, f"rm -rf {WORK}; sync; {GUEST_PYTHON} -c {q(TRIM)}{settle}")
+            for line in out[:-1]:
+                progress(line)
         finally:
             await agent.close()
         await rt.snapshot_build(vm, snap, name)
     finally:
         await rt.destroy(vm)
-    return snap, (out[-1].strip() or None) if out else None
+    user = out[-1].removeprefix("user=").strip() if out and out[-1].startswith("user=") else ""
+    return snap, user or None

@@ -79,6 +79,10 @@ async def template_from_image(rt: object, image: str, name: str | None,
                                      pinned | {pulled.tag})
     if report.evicted:
         progress(f"image cache: evicted {len(report.evicted)} images no template needs")
+    if report.total > cfg.image_cache_bytes:
+        progress(f"image cache: {report.total >> 20} MiB, over its bound of "
+                 f"{cfg.image_cache_bytes >> 20} MiB (image_cache_bytes): the images templates "
+                 f"were made from take {report.pinned >> 20} MiB")  # fmt: skip
     progress(f"image {pulled.manifest_digest} ({len(pulled.layers)} layers, "
              f"{pulled.size >> 20} MiB)")  # fmt: skip
     # A build's base image (no name given) is a template named by its digest: shared by

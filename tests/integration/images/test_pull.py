@@ -123,8 +123,8 @@ def test_a_blob_whose_digest_does_not_match_is_refused(seeded: Seeded, tmp_path:
         with pytest.raises(RegistryError) as e:
             cache.pull(parse(seeded.multi))
         assert e.value.kind == "corrupt", str(e.value)
-        assert f"sha256:{victim}" not in cache.cached_blobs()
-        assert cache.find(parse(seeded.multi), remote.digest) is None
+        assert f"sha256:{victim}" not in cache.cached_blobs(), (str(e.value), _state(cache))
+        assert cache.find(parse(seeded.multi), remote.digest) is None, _state(cache)
     finally:
         data.write_bytes(good)
 
