@@ -307,6 +307,9 @@ class Skopeo:
         src = image.source
         pinned = Reference(src.registry, src.repository, None, image.manifest_digest)
         with self._src_args(cand, creds) as args:
-            self._run(["copy", "--retry-times", str(RETRIES),
-                       "--dest-oci-accept-uncompressed-layers", *args, f"docker://{pinned}",
-                       f"oci:{layout}:{tag}"], COPY_TIMEOUT_S, on_line)  # fmt: skip
+            # Every layer is stored gzip-compressed: zstd and uncompressed ones are recompressed
+            # on the way in (umoci 0.4 cannot read zstd, nor Python's tarfile for layered
+            # pulls); gzip ones are stored as they come.
+            self._run(["copy", "--retry-times", str(RETRIES), "--dest-compress-format", "gzip",
+                       *args, f"docker://{pinned}", f"oci:{layout}:{tag}"], COPY_TIMEOUT_S,
+                      on_line)  # fmt: skip

@@ -14,7 +14,14 @@ from aenv.images import eviction
 from aenv.images.cache import ImageCache, NoSpace
 from aenv.images.reference import parse
 from aenv.images.registry import RegistryError, RegistrySettings, Skopeo
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import (
+    OciImage,
+    Registry,
+    Seeded,
+    busybox_tree,
+    have_tools,
+    seeded_registry,
+)
 
 pytestmark = pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")
 
@@ -161,3 +168,26 @@ def test_the_bound_evicts_what_no_template_needs(seeded: Seeded, tmp_path: Path)
             cache, remote, a_bytes, {a.tag}))
     assert e.value.kind == "no_space" and "image_cache_bytes" in str(e.value)
     assert _state(cache) == before
+
+
+def test_zstd_and_uncompressed_layers_are_stored_as_gzip_and_unpack(tmp_path: Path) -> None:
+    """Registries serve zstd and plain-tar layers too: the cache keeps every layer as gzip
+    (what umoci 0.4 and the guest's tarfile read), each checked against its digest first."""
+    reg = Registry(tmp_path / "registry").start()
+    try:
+        img = OciImage(tmp_path / "layout", "c")
+        img.layer(busybox_tree)
+        img.layer(lambda r: (r / "hello").write_text("compressed either way"))
+        refs = [img.push_zstd(reg, "test/zstd:1"), img.push_uncompressed(reg, "test/plain:1")]
+        cache = _cache(tmp_path)
+        for ref in refs:
+            remote = cache.skopeo.inspect(parse(ref))
+            got = cache.pull(parse(ref))
+            assert [x.digest for x in remote.layers] != list(got.layers)  # recompressed
+            assert {t for _, t in cache.layer_types(got.tag) or []} == {
+                "application/vnd.oci.image.layer.v1.tar+gzip"}
+            root = tmp_path / f"root-{got.tag}"
+            cache.unpack(got, root)
+            assert (root / "hello").read_text() == "compressed either way"
+    finally:
+        reg.stop()
