@@ -14,7 +14,9 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -291,3 +293,49 @@ def seeded_registry(work: Path) -> Iterator[Seeded]:
                      base.push(reg, "test/base:1"))  # fmt: skip
     finally:
         reg.stop()
+
+
+class DroppingProxy:
+    """A TCP proxy on loopback in front of `upstream` that cuts the first connection whose
+    answer passes `after` bytes (a dropped download), and forwards every other one."""
+
+    def __init__(self, upstream: str, after: int) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.after = after
+        self.dropped = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.host = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.upstream) as up:
+            def pump(src: socket.socket, dst: socket.socket, count: bool) -> None:
+                sent = 0
+                with contextlib.suppress(OSError):
+                    while data := src.recv(65536):
+                        sent += len(data)
+                        if count and sent > self.after and not self.dropped:
+                            self.dropped += 1
+                            dst.sendall(data[: len(data) // 2])
+                            break
+                        dst.sendall(data)
+                for s in (src, dst):
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+
+            t = threading.Thread(target=pump, args=(client, up, False), daemon=True)
+            t.start()
+            pump(up, client, True)
+            t.join(5)
+
+    def close(self) -> None:
+        self.sock.close()

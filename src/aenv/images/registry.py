@@ -10,10 +10,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import re
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,10 +24,15 @@ from typing import Any
 
 from aenv.images.reference import Reference
 
+log = logging.getLogger(__name__)
+
 SKOPEO = "skopeo"
 INSPECT_TIMEOUT_S = 120
 COPY_TIMEOUT_S = 3600
 RETRIES = 3
+# A copy cut part-way is run again (after 1 s, then 2 s, ...): the blobs it finished are in
+# the layout, so only the rest is fetched.
+COPY_ATTEMPTS = 4
 # skopeo has no structured errors: these phrases of containers/image's messages say which
 # failure it was, so the API can answer 404/401/502/422 rather than one opaque 500.
 _KINDS = [
@@ -35,6 +42,9 @@ _KINDS = [
                              r"no image found in manifest list|choosing image instance", re.I)),
     ("corrupt", re.compile(r"digest did not match|Digest did not match|unexpected digest|"
                            r"size mismatch|invalid checksum|blob size", re.I)),  # fmt: skip
+    # A transfer cut part-way (skopeo's own retries do not cover a body cut short).
+    ("interrupted", re.compile(r"happened during read|unexpected EOF|connection reset by peer|"
+                               r"broken pipe", re.I)),  # fmt: skip
     ("unreachable", re.compile(r"connection refused|no such host|i/o timeout|"
                                r"network is unreachable|server gave HTTP response to HTTPS|"
                                r"tls:|x509:|EOF|connection reset", re.I)),  # fmt: skip
@@ -43,7 +53,7 @@ _KINDS = [
 
 class RegistryError(Exception):
     """A pull or inspect that failed; `kind` is one of unauthorized, not_found, corrupt,
-    unreachable, bad_config or unknown."""
+    interrupted, unreachable, bad_config or unknown."""
 
     def __init__(self, message: str, kind: str = "unknown") -> None:
         super().__init__(message)
@@ -310,6 +320,14 @@ class Skopeo:
             # Every layer is stored gzip-compressed: zstd and uncompressed ones are recompressed
             # on the way in (umoci 0.4 cannot read zstd, nor Python's tarfile for layered
             # pulls); gzip ones are stored as they come.
-            self._run(["copy", "--retry-times", str(RETRIES), "--dest-compress-format", "gzip",
-                       *args, f"docker://{pinned}", f"oci:{layout}:{tag}"], COPY_TIMEOUT_S,
-                      on_line)  # fmt: skip
+            for attempt in range(COPY_ATTEMPTS):
+                try:
+                    self._run(["copy", "--retry-times", str(RETRIES), "--dest-compress-format",
+                               "gzip", *args, f"docker://{pinned}", f"oci:{layout}:{tag}"],
+                              COPY_TIMEOUT_S, on_line)  # fmt: skip
+                    return
+                except RegistryError as e:
+                    if e.kind != "interrupted" or attempt == COPY_ATTEMPTS - 1:
+                        raise
+                    log.info("pull of %s was cut (%s): trying again", pinned, e)
+                    time.sleep(2**attempt)

@@ -15,6 +15,7 @@ from aenv.images.cache import ImageCache, NoSpace
 from aenv.images.reference import parse
 from aenv.images.registry import RegistryError, RegistrySettings, Skopeo
 from tests.support.registry import (
+    DroppingProxy,
     OciImage,
     Registry,
     Seeded,
@@ -191,3 +192,22 @@ def test_zstd_and_uncompressed_layers_are_stored_as_gzip_and_unpack(tmp_path: Pa
             assert (root / "hello").read_text() == "compressed either way"
     finally:
         reg.stop()
+
+
+def test_a_dropped_download_is_retried_and_checked(seeded: Seeded, tmp_path: Path) -> None:
+    """The registry's answer is cut in the middle of a layer: skopeo retries the blob (from its
+    start: Debian's skopeo 1.9 does not resume with Range requests), the digest check passes,
+    and the cache holds the image whole."""
+    proxy = DroppingProxy(seeded.registry.host, after=256 << 10)
+    try:
+        ref = seeded.multi.replace(seeded.registry.host, proxy.host)
+        cache = _cache(tmp_path)
+        big = max(cache.skopeo.inspect(parse(ref)).layers, key=lambda x: x.size)
+        assert big.size > 256 << 10
+        before = seeded.registry.blob_gets(big.digest)
+        got = cache.pull(parse(ref))
+        assert proxy.dropped == 1
+        assert seeded.registry.blob_gets(big.digest) >= before + 2  # cut, then again
+        assert big.digest in got.layers and cache.find(parse(ref), got.digest) == got
+    finally:
+        proxy.close()
