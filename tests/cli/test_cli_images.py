@@ -4,6 +4,10 @@ runs it: no root needed by the command itself, the build log streams, errors are
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import pytest
 from tests.support.image_state import removed_after
 from tests.support.registry import Seeded, have_tools, seeded_registry
 
-from .conftest import Node, assert_one_line_error
+from .conftest import AENV, Node, assert_one_line_error
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
@@ -74,3 +78,40 @@ def test_dockerfile_errors_are_one_line(vm_node: Node, seeded: Seeded, tmp_path:
     assert last.startswith("aenv: building cli-broken failed") and "exit code 7" in last, last
     assert "Traceback" not in p.stderr
     assert vm_node.cli("template", "ls").stdout.count("cli-broken") == 0
+
+
+def test_ctrl_c_cancels_the_build(vm_node: Node, seeded: Seeded, tmp_path: Path) -> None:
+    df = tmp_path / "Dockerfile"
+    df.write_text(f"FROM {seeded.sibling}\nRUN sleep 600\n")
+    p = subprocess.Popen([AENV, "template", "build", "cli-cancel", "-f", str(df)],
+                         env=vm_node.cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert p.stderr is not None
+        for line in p.stderr:
+            lines.append(line.rstrip("\n"))
+            if "RUN sleep 600" in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert seen.wait(300), lines
+        p.send_signal(signal.SIGINT)
+        assert p.wait(60) == 130, lines
+    finally:
+        if p.poll() is None:
+            p.kill()
+    reader.join(10)
+    assert lines[-1] == "aenv: interrupted: the build of cli-cancel was cancelled", lines
+    created = [m for ln in lines if (m := re.search(r"ID: (\S+), Build ID: (\S+)", ln))]
+    assert created, lines
+    tid, bid = created[-1].groups()
+    with vm_node.api() as c:
+        status = c.get(f"/templates/{tid}/builds/{bid}/status").json()
+        assert (status["status"], status["reason"]["message"]) == (
+            "error", "the build was cancelled"), status
+        assert c.get("/templates/cli-cancel").status_code == 404
