@@ -31,11 +31,13 @@ GUEST_PYTHON = ("PYTHONHOME=/.aenv/python /.aenv/lib/ld-linux-x86-64.so.2 "
 WORK = "/.aenv-layers"  # on the guest's disk (its RAM stays free), root only; removed after
 _OCI, _DOCKER = "application/vnd.oci.image.layer.v1", "application/vnd.docker.image.rootfs.diff"
 READABLE = frozenset({f"{_OCI}.tar", f"{_OCI}.tar+gzip", f"{_DOCKER}.tar", f"{_DOCKER}.tar.gzip"})
+SETTLE_BYTES = 8 << 20
+SETTLE_ENV = "AENV_SETTLE"
 # One guest process does it all (each Python start dirties RAM the snapshot keeps): apply the
 # layers in order, removing each file once applied, prepare the tree as a pull does, give the
 # freed blocks back to the host (FITRIM; the disk is discard=unmap), print the User's account.
 APPLY = f"""
-import fcntl, os, struct, sys
+import fcntl, os, struct, sys, time
 sys.path.insert(0, {WORK!r})
 from pathlib import Path
 import apply_layer, rootfs
@@ -52,6 +54,17 @@ try:
     fcntl.ioctl(fd, 0xC0185879, struct.pack("QQQ", 0, 2**64 - 1, 0))
 except OSError:
     pass
+if {SETTLE_ENV!r} in os.environ:
+    # Large layers: drop the page cache (the layers' files are on disk now) and give free
+    # page reporting time to hand the freed RAM back, so the snapshot does not keep it.
+    order = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+    was = order.read_text() if order.exists() else None
+    if was is not None:
+        order.write_text("4")  # report 64 KiB free runs too, not only 4 MiB ones
+    Path("/proc/sys/vm/drop_caches").write_text("1")
+    time.sleep(3)
+    if was is not None:
+        order.write_text(was)
 print("user=" + account)
 """
 
@@ -125,7 +138,10 @@ async def snapshot_on(rt: Any, lower: Lower, image: CachedImage, cache: ImageCac
                 await agent.write(paths[-1], cache.blob_path(digest))
             out: list[str] = []
             q = shlex.quote
-            await _run(agent, f"{GUEST_PYTHON} -c {q(APPLY)} {q(image.config.workdir or '')} "
+            settle = f"{SETTLE_ENV}=1 " if sum(
+                cache.blob_path(d).stat().st_size for d in extra) > SETTLE_BYTES else ""
+            await _run(agent, f"{settle}{GUEST_PYTHON} -c {q(APPLY)} "
+                              f"{q(image.config.workdir or '')} "
                               f"{q(image.config.user or '')} {' '.join(paths)} && rm -rf {WORK}",
                        out)  # fmt: skip
             for line in out[:-1]:
