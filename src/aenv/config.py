@@ -83,6 +83,21 @@ class Config(BaseModel):
     # request translation). Each holds its touched guest RAM. 0 disables it.
     primed_pool_size: int = Field(1, ge=0, le=64)
     max_sandboxes: int = 64
+    # The hot pause tier: a full pause keeps the stopped VMM (and its slot) for up to
+    # hot_pause_s, so a resume continues it (no restore, no re-translation under TCG), and
+    # hands its guest RAM back to the host after hot_release_delay_s (0: at once). Hot VMMs
+    # have their own budget, by count and by resident memory, apart from max_sandboxes;
+    # beyond it, under host memory pressure (PSI `some avg10` over hot_psi_avg10) and at
+    # shutdown the oldest become cold (today's pause: the VMM ends). hot_pause_s 0: off.
+    hot_pause_s: float = Field(300.0, ge=0)
+    hot_release_delay_s: float = Field(5.0, ge=0)
+    hot_pause_max: int = Field(32, ge=0)
+    hot_pause_memory_mib: int = Field(4096, ge=0)
+    hot_psi_avg10: float = Field(10.0, gt=0, le=100)
+    # Guest RAM the node commits: running VMs' shapes plus hot VMMs' resident memory. A
+    # create, resume or fork that would go past it first demotes the oldest hot VMMs.
+    # 0: the host's MemTotal less 2 GiB.
+    memory_budget_mib: int = Field(0, ge=0)
     max_concurrent_boots: int = 4
     # SIGTERM: "kill" ends every running sandbox; "pause" pauses them (resumable after a
     # restart). Paused sandboxes stay paused either way.
@@ -186,6 +201,12 @@ _SIMPLE_ENV = {
     "KERNEL_PATH": "kernel_path",
     "DEFAULT_TEMPLATE": "default_template",
     "MAX_SANDBOXES": "max_sandboxes",
+    "HOT_PAUSE_S": "hot_pause_s",
+    "HOT_RELEASE_DELAY_S": "hot_release_delay_s",
+    "HOT_PAUSE_MAX": "hot_pause_max",
+    "HOT_PAUSE_MEMORY_MIB": "hot_pause_memory_mib",
+    "HOT_PSI_AVG10": "hot_psi_avg10",
+    "MEMORY_BUDGET_MIB": "memory_budget_mib",
     "SLOT_NETWORK": "slot_network",
     "WARM_POOL_SIZE": "warm_pool_size",
     "PRIMED_POOL_SIZE": "primed_pool_size",

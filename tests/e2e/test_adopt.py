@@ -121,11 +121,14 @@ def test_kill_9_then_restart_readopts_running_sandboxes(
         assert _count(s1) > count_at_kill, "the counter restarted"
         assert counter.pid in [p.pid for p in s1.commands.list()]
 
-        # An adopted sandbox pauses (its VMM ends) and resumes.
+        # An adopted sandbox pauses (hot: its stopped VMM is kept) and resumes (continued).
         assert s2.pause() is True
-        _wait(lambda: vmm[s2.sandbox_id] not in qemu_pids(instance), "s2's VMM to end")
+        with b.api() as c:
+            assert c.get(f"/sandboxes/{s2.sandbox_id}").json()["pauseTier"] == "hot"
+        assert vmm[s2.sandbox_id] in qemu_pids(instance)
         r2 = Sandbox.connect(s2.sandbox_id)
         assert r2.files.read("f.txt") == "two"
+        assert _vmm_pid(dirs[s2.sandbox_id]) == vmm[s2.sandbox_id]
 
         # Killing an adopted sandbox ends its VMM and removes its jail and directory.
         s1.kill()

@@ -28,8 +28,10 @@ SNAPSHOTS = DATA_DIR / "snapshots"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     # A scrub pass every few seconds (templates included: ~0.5 GB of data, ~4 s at this
     # rate, ~10% of a core); a real node scrubs every few hours.
+    # Cold pauses only: a resume here must read the paused state from disk (a hot resume
+    # continues the kept VMM and reads nothing).
     with running_node(tmp_path_factory.mktemp("node"), AENV_SCRUB_INTERVAL_S="5",
-                      AENV_SCRUB_RATE_MIB_S="128") as n:
+                      AENV_SCRUB_RATE_MIB_S="128", AENV_HOT_PAUSE_S="0") as n:
         yield n
 
 

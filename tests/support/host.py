@@ -8,6 +8,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+from aenv.vmm.memory import RamMapping, ram_mapping
+
 DATA_DIR = Path(os.environ.get("AENV_DATA_DIR", "/var/lib/aenv"))
 STOP_DEADLINE_S = 60
 
@@ -71,3 +73,15 @@ class ServerProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def vmm_of(instance: str, sandbox_id: str, data_dir: Path = DATA_DIR) -> RamMapping | None:
+    """The QEMU that maps this sandbox's RAM file, with where (None if no QEMU does). Its
+    directory may be a pooled VM's, reached through a symlink."""
+    mf = (data_dir / "sandboxes" / instance / sandbox_id / "memory").resolve()
+    for pid in qemu_pids(instance, data_dir):
+        try:
+            return ram_mapping(pid, mf)
+        except OSError:
+            continue
+    return None

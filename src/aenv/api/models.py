@@ -131,6 +131,8 @@ class ListedSandbox(BaseModel):
     diskSizeMB: int
     state: Literal["running", "paused"]
     metadata: dict[str, str] = {}
+    # aenv: a paused sandbox's tier, "hot" (its stopped VMM is kept) or "cold".
+    pauseTier: Literal["hot", "cold"] | None = None
 
 
 class SandboxDetail(ListedSandbox):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -59,6 +60,7 @@ _ROUTING = frozenset({
 })  # fmt: skip
 _RESPONSE_DROP = _HOP_BY_HOP | {b"date", b"server"}
 _CONTENT_LENGTH = frozenset({b"content-length"})  # the proxy re-frames request bodies
+READY_WAIT_S = 10.0  # the longest a request waits for its sandbox's start to finish
 _SID_HEADERS = (b"e2b-sandbox-id", b"x-agentenv-sandbox-id")
 _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
 UNAUTHORIZED = (
@@ -254,6 +256,13 @@ class DataPlaneProxy:
                 return _Denial(502, not_found_body(target.sandbox_id), "not_found")
         if target.port == self.agent_port and not self._authorized(route, scope, method, params):
             return unauthorized
+        ready = route.handle.ready
+        if ready is not None and not ready.done():
+            # Its start finishes behind the API call (a hot resume's clock push): the guest
+            # takes requests once it is done. It never fails (it logs); shielded from this
+            # request's cancellation, which must not cancel it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(ready), READY_WAIT_S)
         return route
 
     async def handle(self, scope: Scope, receive: Any, send: Any, target: Target) -> None:

@@ -65,6 +65,7 @@ def _sandbox(request: Request, rec: SandboxRecord) -> Sandbox:
 
 
 def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
+    paused = PUBLIC_STATE[rec.state] == "paused"
     return {
         "templateID": rec.template_id,
         "alias": rec.alias,
@@ -78,6 +79,7 @@ def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
         "diskSizeMB": rec.disk_mib,
         "state": PUBLIC_STATE[rec.state],
         "metadata": rec.metadata,
+        "pauseTier": _orch(request).runtime.tier(rec.sandbox_id) if paused else None,
     }
 
 
@@ -318,11 +320,18 @@ async def fork_sandbox(
     request: Request, sandbox_id: str,
     body: Annotated[SandboxForkRequest | None, Body()] = None,
 ) -> JSONResponse:
-    """Fork a running sandbox into `count` children (default 1, at most 20); the source keeps
-    running. One `{sandbox}` or `{error}` per child; children over the node's sandbox limit
+    """Fork a sandbox into `count` children (default 1, at most 20). A running source keeps
+    running; a paused one (aenv: E2B refuses it) is forked from its paused state and stays
+    paused. One `{sandbox}` or `{error}` per child; children over the node's sandbox limit
     get `{error: {code: 429}}`."""
     count = body.count if body and body.count is not None else 1
     results = await _orch(request).fork(sandbox_id, count, body.timeout if body else None)
+    return fork_results(request, results)
+
+
+def fork_results(request: Request, results: list[SandboxRecord | BaseException]
+                 ) -> JSONResponse:
+    """201 with one `{sandbox}` or `{error: {code, message}}` per child."""
     out: list[dict[str, object]] = []
     for r in results:
         if isinstance(r, BaseException):

@@ -9,10 +9,18 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from aenv.api import query
 from aenv.api.auth import require_api_key
-from aenv.api.models import Error, SandboxSnapshotRequest, SnapshotInfo
+from aenv.api.models import (
+    Error,
+    SandboxForkRequest,
+    SandboxForkResult,
+    SandboxSnapshotRequest,
+    SnapshotInfo,
+)
+from aenv.api.sandboxes import V2_CREATE_TIMEOUT_S, fork_results
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.service import Orchestrator
 
@@ -37,6 +45,21 @@ async def create_snapshot(
     memory = body is None or body.memory is not False
     info = await _orch(request).snapshot(sandbox_id, body.name if body else None, memory=memory)
     return SnapshotInfo(snapshotID=info.snapshot_id, names=list(info.names))
+
+
+@router.post("/snapshots/{snapshot_id}/fork", operation_id="forkSnapshot", status_code=201,
+             responses={201: {"model": list[SandboxForkResult]}})
+async def fork_snapshot(
+    request: Request, snapshot_id: str,
+    body: Annotated[SandboxForkRequest | None, Body()] = None,
+) -> JSONResponse:
+    """aenv: `count` sandboxes (default 1, at most 20) from a named snapshot (id or name),
+    restored side by side like a fork's children, each with its own id, token and entropy.
+    `timeout` as a create's (default 300 s). The answer is a fork's."""
+    count = body.count if body and body.count is not None else 1
+    timeout = body.timeout if body and body.timeout is not None else V2_CREATE_TIMEOUT_S
+    results = await _orch(request).fork_snapshot(snapshot_id, count, timeout)
+    return fork_results(request, results)
 
 
 @router.get("/snapshots", operation_id="listSnapshots")

@@ -191,7 +191,7 @@ def ls(
             [
                 s["sandboxID"],
                 s.get("alias") or s.get("templateID", ""),
-                s.get("state", ""),
+                s.get("state", "") + (f" ({s['pauseTier']})" if s.get("pauseTier") else ""),
                 output.ago(s.get("startedAt")),
                 output.until(s.get("endAt")),
                 str(s.get("cpuCount", "")),

@@ -507,7 +507,7 @@ def diff(
     for inst, rs in sorted(recs.items()):
         if c.instance is not None and inst != c.instance:
             continue
-        out.ghosts += _ghosts(c, inst, rs)
+        out.ghosts += _ghosts(c, inst, rs, alive)
     return out
 
 
@@ -516,9 +516,12 @@ def _vm_explained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, Sandbo
     inst = r.instance or ""
     owner = r.owner or ""
     sid = c.aliases(inst).get(owner, owner)
-    if recs.get(inst, {}).get(sid) in MAY_HAVE_VMM:
+    st = recs.get(inst, {}).get(sid)
+    if st in MAY_HAVE_VMM:
         return True
-    return inst in alive and owner.startswith(UNRECORDED_VMS)
+    # A running node keeps hot-paused sandboxes' stopped VMMs (orchestrator/hot.py); a dead
+    # node's are leaks (the next node start reclaims them).
+    return inst in alive and (st is S.PAUSED or owner.startswith(UNRECORDED_VMS))
 
 
 def _unexplained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, SandboxState]],
@@ -562,7 +565,8 @@ def _unexplained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, Sandbox
     return None
 
 
-def _ghosts(c: Census, inst: str, recs: Mapping[str, SandboxState]) -> list[Ghost]:
+def _ghosts(c: Census, inst: str, recs: Mapping[str, SandboxState],
+            alive: set[str]) -> list[Ghost]:
     aliases = c.aliases(inst)
     procs = {aliases.get(r.owner or "", r.owner) for r in c.of("process", inst)
              if "qemu" in r.detail}  # fmt: skip
@@ -576,8 +580,8 @@ def _ghosts(c: Census, inst: str, recs: Mapping[str, SandboxState]) -> list[Ghos
             missing = "no VMM process runs it"
         elif st is S.PAUSED and not Path(dirs[sid].name, "manifest.json").is_file():
             missing = "its paused state (manifest.json) is missing"
-        elif st is S.PAUSED and sid in procs:
-            missing = "a VMM still runs it"
+        elif st is S.PAUSED and sid in procs and inst not in alive:
+            missing = "a VMM still runs it, and its node is not running"
         if missing:
             out.append(Ghost(inst, sid, str(st), missing))
     return out

@@ -164,6 +164,9 @@ class FakeRuntime:
     def is_paused(self, sandbox_id: str) -> bool:
         return sandbox_id in self.paused
 
+    def tier(self, sandbox_id: str) -> str | None:
+        return "cold" if sandbox_id in self.paused else None
+
     def is_running(self, sandbox_id: str) -> bool:
         return sandbox_id in self.live and sandbox_id not in self.exited
 
@@ -195,7 +198,18 @@ class FakeRuntime:
     async def fork(
         self, sandbox_id: str, children: list[tuple[str, AgentInit]]
     ) -> list[SandboxHandle | BaseException]:
-        src = self.live[sandbox_id]
+        src = self.live.get(sandbox_id) or self.paused[sandbox_id]
+        return self._children(src, children)
+
+    async def create_children(self, snapshot_id: str, children: list[tuple[str, AgentInit]]
+                              ) -> list[SandboxHandle | BaseException]:
+        snap = self.snapshots[snapshot_id]
+        src = SandboxHandle(sandbox_id=snapshot_id, template_id=snap.template, shape=snap.shape,
+                            slot_addr=self.slot_addr, vmm_pid=os.getpid())  # fmt: skip
+        return self._children(src, children)
+
+    def _children(self, src: SandboxHandle, children: list[tuple[str, AgentInit]]
+                  ) -> list[SandboxHandle | BaseException]:
         out: list[SandboxHandle | BaseException] = []
         for cid, init in children:
             if self.fail_next_create is not None:

@@ -41,6 +41,14 @@ VMM_EXITS = Counter(
     "VMM processes that ended without the node ending them (crash, OOM kill, kill by hand, "
     "guest poweroff or reboot)", ["kind"],
 )  # fmt: skip
+HOT_VMS = Gauge("aenv_hot_paused_vmms", "Paused sandboxes whose stopped VMM is kept (hot tier)")
+HOT_RSS = Gauge("aenv_hot_paused_rss_bytes", "Resident memory of the hot tier's VMMs")
+HOT_DEMOTIONS = Counter(
+    "aenv_hot_demotions_total",
+    "Hot-paused sandboxes made cold (their VMM ended), by why: age, budget, memory, pressure, "
+    "shutdown", ["reason"],
+)  # fmt: skip
+RESUMES = Counter("aenv_resumes_total", "Resumes of paused sandboxes by tier", ["tier"])
 
 
 def log_event(log: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:

@@ -18,7 +18,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,10 +30,10 @@ from aenv.network.addressing import guest_ip_cmdline
 from aenv.network.pool import SlotPool, SlotPoolError
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
-from aenv.orchestrator import adoption, agent_replies, guest_flush
+from aenv.orchestrator import adoption, agent_replies, guest_flush, hot
 from aenv.orchestrator import reclaim as reclaim_mod
 from aenv.orchestrator.agent_replies import GuestReplyError
-from aenv.orchestrator.obs import VMM_EXITS, log_event
+from aenv.orchestrator.obs import RESUMES, VMM_EXITS, log_event
 from aenv.orchestrator.pools import VmPool
 from aenv.orchestrator.runtime_api import (
     AGENT_PORT,
@@ -142,6 +142,7 @@ class Machine:
     stopping: bool = False
     exited: VmmExit | None = None
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    ready: asyncio.Task[None] | None = field(default=None, repr=False)  # see SandboxHandle
 
 
 def _exit_of(vm: Vm, launcher_returncode: int, cgroup: Cgroup) -> VmmExit:
@@ -184,6 +185,8 @@ class Runtime:
             "primed_pool", cfg.primed_pool_size, self.prime, self._destroy, self._watch,
             refill_delay_s=PRIMED_REFILL_DELAY_S)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
+        self.hot = hot.HotTier(cfg, self._stop)
+        self._tasks: set[asyncio.Task[None]] = set()  # see _background
 
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
@@ -205,9 +208,11 @@ class Runtime:
             self._primed.configure(tpl.snapshot_id)
         except (TemplateMissing, SnapshotNotFound, SnapshotCorrupt):
             pass  # no default template yet (before `aenv setup`): no pool
+        self.hot.start()
         log.info("runtime ready: driver=%s accel=%s", self.driver.name, self.driver.accel())
 
     async def close(self) -> None:
+        await self.hot.close()
         await self._primed.close()
         await self._pool.close()
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
@@ -229,11 +234,13 @@ class Runtime:
         # The pool starts filling in start(): let its spawns finish so they count as live.
         t0 = time.perf_counter()
         await self.settle_pool()
-        live = ({m.jail for m in self._machines.values()} | self._pool.names()
+        hot_vms = [h.machine for n in self.hot.names() if (h := self.hot.get(n))]
+        live = ({m.jail for m in [*self._machines.values(), *hot_vms]} | self._pool.names()
                 | self._primed.names())
         done = await asyncio.to_thread(
             reclaim_mod.reclaim, self.cfg, self.snapshots, live_vms=live,
-            keep_dirs=set(keep) | set(self._machines) | live, keep_slots=self.slots.owned(),
+            keep_dirs=set(keep) | set(self._machines) | self.hot.names() | live,
+            keep_slots=self.slots.owned(),
             pool_wait_ms=(time.perf_counter() - t0) * 1000)
         return done.items
 
@@ -515,13 +522,18 @@ class Runtime:
             parent=parent, names=names or [],
         )
 
-    async def _save(self, m: Machine, state: Path) -> None:
-        """Stop vCPUs and make device state, RAM and disk durable in the VM's files."""
+    async def _save(self, m: Machine, state: Path) -> tuple[float, float, float]:
+        """Stop vCPUs and make device state, RAM and disk durable in the VM's files.
+        Returns how long each of the three took (s): bench/fast.py's limit for a pause."""
+        t0 = time.perf_counter()
         await m.vm.pause()
         fault("save.after_stop")
+        t1 = time.perf_counter()
         await m.vm.save(state)
+        t2 = time.perf_counter()
         await asyncio.gather(*(asyncio.to_thread(fsync_path, m.workdir / f)
                                for f in ("memory", "disk", state.name)))
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
 
     async def snapshot(self, name: str, manifest: Manifest, *, resume: bool = True,
                        checksums: bool = True) -> None:
@@ -557,21 +569,27 @@ class Runtime:
         (`memory=False`): the guest flushes its filesystems first and only the disk is kept
         (no RAM file, no device state); resuming it is a reboot."""
         m = self._machines[name]
+        if m.ready is not None:
+            await m.ready  # a hot resume's clock push: not into a stopped guest
         if require_healthy_guest:
             # Fail fast on a wedged agent (the SDK retries a 503), before a long flush wait.
             await guest_flush.check_agent(m.http, m.slot.url(AGENT_PORT), GUEST_CHECK_TIMEOUT)
         if not memory:
             await self._flush_guest(m, strict=require_healthy_guest)
+        took = (0.0, 0.0, 0.0)
         try:
             if memory:
-                await self._save(m, m.workdir / "state")
+                took = await self._save(m, m.workdir / "state")
             else:
                 await m.vm.pause()  # stop vCPUs: nothing more reaches the disk
             fault("pause.after_save")
+            t0 = time.perf_counter()
             man = self._manifest_of(m, name)
             man.created_at = now_rfc3339()
             await asyncio.to_thread(self._mark_paused, m.workdir, man, memory)
             fault("pause.after_manifest")
+            log.debug("pause %s: stop=%.1fms save=%.1fms fsync=%.1fms mark=%.1fms", name,
+                      *(x * 1e3 for x in took), (time.perf_counter() - t0) * 1e3)
         except BaseException:
             # Keep it running if it can; no paused state may stay behind a running guest.
             try:
@@ -581,9 +599,27 @@ class Runtime:
                 log.exception("pause of %s failed and its VM cannot continue", name)
                 await self.destroy(name)
             raise
+        if memory and self.hot.enabled:
+            await self._keep_hot(m)
+            return
         await self._stop(m)
         if not memory:
             await asyncio.to_thread(self._keep_disk_only, m.workdir)
+
+    async def _keep_hot(self, m: Machine) -> None:
+        """The paused state is durable: keep the stopped VMM and its slot (hot tier). It is
+        no longer the sandbox's running VM, so its adoption record goes: a node restart
+        reclaims it and the sandbox resumes cold."""
+        self._machines.pop(m.name, None)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(adoption.remove, m.workdir)
+        await self.hot.keep(m)
+
+    def tier(self, name: str) -> str | None:
+        """A paused sandbox's tier, "hot" or "cold"; None when it is not paused."""
+        if name in self.hot:
+            return "hot"
+        return "cold" if self.is_paused(name) else None
 
     async def _flush_guest(self, m: Machine, *, strict: bool) -> None:
         """`sync` in the guest before a filesystem-only pause. A guest that does not answer
@@ -652,9 +688,14 @@ class Runtime:
 
     async def resume(self, name: str, init: AgentInit, *, memory: bool = True
                      ) -> SandboxHandle:
+        if memory and name in self.hot:
+            return await self._resume_hot(name, init)
+        await self.hot.demote(name, "reboot")  # a reboot needs its files, not its VMM
         if not memory or not self.paused_with_memory(name):
             return await self._reboot(name, init)
+        await self.make_room(self.paused_manifest(name).shape.memory_mib)
         m = await self.restore(name, None)
+        RESUMES.labels("cold").inc()
         fault("resume.before_init")
         try:
             await self.push_init(m, init)
@@ -668,6 +709,65 @@ class Runtime:
                     await self.destroy(name)
             raise
         return self.handle(name, m.template_id)
+
+    async def _resume_hot(self, name: str, init: AgentInit) -> SandboxHandle:
+        """Continue the kept VMM. The paused state goes before the guest runs (as a restore
+        does); the clock push and the adoption record follow in the background, and the
+        data plane holds the sandbox's requests until they are done (`handle.ready`)."""
+        h = self.hot.take(name)
+        assert h is not None
+        m = h.machine
+        t0 = time.perf_counter()
+        try:
+            fault("resume.before_restore")
+            await asyncio.to_thread(self._forget_paused, m.workdir)
+            # The released RAM is read back beside the continue: the guest's first touches
+            # wait only for pages still in flight.
+            self._background(asyncio.to_thread(self._page_in, h))
+            await m.vm.resume()
+            fault("resume.before_init")
+        except BaseException:
+            await self._stop(m)
+            raise
+        self._machines[name] = m  # its watcher reports to _sandbox_vmm_exited already
+        RESUMES.labels("hot").inc()
+        handle = self.handle(name, m.template_id)
+        m.ready = handle.ready = asyncio.get_running_loop().create_task(
+            self._after_hot_resume(m))
+        log.debug("resume %s (hot, released=%s): %.1fms", name, h.released,
+                  (time.perf_counter() - t0) * 1e3)
+        return handle
+
+    @staticmethod
+    def _page_in(h: hot.HotVm) -> None:
+        try:
+            hot.page_in(h)
+        except OSError as e:  # only a prefetch: the guest faults its pages in anyway
+            log.info("prefetch for %s failed: %s", h.machine.name, e)
+
+    async def _after_hot_resume(self, m: Machine) -> None:
+        """The guest's clock is behind by the pause: set it (the agent's /init with only a
+        timestamp keeps identity and token), then record the VM for adoption."""
+        t0 = time.perf_counter()
+        try:
+            r = await agent_replies.request(
+                m.http, "POST", m.slot.url(AGENT_PORT) + "/init",
+                json={"timestamp": now_rfc3339()}, deadline_s=AGENT_INIT_TIMEOUT)
+            if r.status >= 300:
+                log.warning("clock push to %s answered %s", m.name, r.status)
+            t1 = time.perf_counter()
+            await asyncio.to_thread(adoption.write, m.workdir, self._adoption_record(m))
+            log.debug("after hot resume %s: clock=%.1fms record=%.1fms", m.name,
+                      (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
+        except (GuestReplyError, OSError, ProcessLookupError) as e:
+            log.warning("after the hot resume of %s: %s", m.name, e)
+
+    def _committed_mib(self) -> int:
+        return sum(m.vm.spec.shape.memory_mib for m in self._machines.values())
+
+    async def make_room(self, new_mib: int) -> None:
+        """Demote hot VMMs, oldest first, while the node's memory budget lacks `new_mib`."""
+        await self.hot.make_room(self._committed_mib(), new_mib)
 
     async def _reboot(self, name: str, init: AgentInit) -> SandboxHandle:
         """Resume by reboot: cold-boot the paused sandbox's own disk with the kernel, tools
@@ -784,32 +884,54 @@ class Runtime:
 
     async def fork(self, name: str, children: list[tuple[str, AgentInit]]
                    ) -> list[SandboxHandle | BaseException]:
-        """Snapshot `name` (it keeps running) and restore one child per entry, each with
-        its own identity, token, env and entropy."""
-        m = self._machines[name]
+        """Snapshot `name` and restore one child per entry, each with its own identity,
+        token, env and entropy. A running sandbox keeps running; a paused one (hot or cold)
+        is forked from its paused state on disk and stays paused."""
         snap_id = f"{FORK_PREFIX}{name}-{secrets.token_hex(4)}"
-        await self.snapshot(name, self._manifest_of(m, snap_id, parent=name), checksums=False)
+        m = self._machines.get(name)
+        if m is not None:
+            await self.snapshot(name, self._manifest_of(m, snap_id, parent=name),
+                                checksums=False)  # fmt: skip
+        else:
+            await asyncio.to_thread(self._snapshot_paused, name, snap_id)
         fault("fork.after_snapshot")
         try:
-            # At most max_concurrent_boots children restore (and take /init) at once: more
-            # only compete for the same CPUs (under TCG a crowd misses the /init deadline).
-            gate = asyncio.Semaphore(max(1, self.cfg.max_concurrent_boots))
-
-            async def child(cid: str, init: AgentInit) -> SandboxHandle:
-                async with gate:
-                    handle = await self._create_from(cid, snap_id, init)
-                fault("fork.after_child")
-                return handle
-
-            results = await asyncio.gather(
-                *(child(cid, init) for cid, init in children),
-                return_exceptions=True,
-            )
+            return await self.create_children(snap_id, children)
         finally:
             # Children hold reflinked copies: the fork snapshot itself is not kept.
             with contextlib.suppress(SnapshotNotFound):
                 await asyncio.to_thread(self.snapshots.delete, snap_id)
-        return list(results)
+
+    async def create_children(self, snapshot_id: str, children: list[tuple[str, AgentInit]]
+                              ) -> list[SandboxHandle | BaseException]:
+        """One VM per entry from a snapshot (a fork's, or a named one), each with its own
+        identity: one result per child, its handle or why it failed."""
+        await self.make_room(len(children) * self._manifest(snapshot_id).shape.memory_mib)
+        # At most max_concurrent_boots children restore (and take /init) at once: more
+        # only compete for the same CPUs (under TCG a crowd misses the /init deadline).
+        gate = asyncio.Semaphore(max(1, self.cfg.max_concurrent_boots))
+
+        async def child(cid: str, init: AgentInit) -> SandboxHandle:
+            async with gate:
+                handle = await self._create_from(cid, snapshot_id, init)
+            fault("fork.after_child")
+            return handle
+
+        return list(await asyncio.gather(*(child(cid, init) for cid, init in children),
+                                         return_exceptions=True))  # fmt: skip
+
+    def _snapshot_paused(self, name: str, snapshot_id: str) -> None:
+        """A snapshot of a paused sandbox's state on disk (reflink clones; its stopped VMM,
+        if hot, is untouched: the pause made its files whole)."""
+        workdir = self.cfg.sandboxes_dir / name
+        man = self.paused_manifest(name)
+        man.memory = self.paused_with_memory(name)
+        try:
+            check_restorable(workdir, man)
+        except SnapshotUnusable as e:
+            raise UnusableSnapshot(f"cannot fork: {e}") from e
+        man.snapshot_id, man.parent, man.names, man.created_at = snapshot_id, name, [], ""
+        self.snapshots.put(man, {f: workdir / f for f in man.files}, checksums=False)
 
     async def snapshot_sandbox(self, name: str, snapshot_id: str, names: list[str], *,
                                memory: bool = True) -> SnapshotInfo:
@@ -926,7 +1048,8 @@ class Runtime:
 
     async def destroy(self, name: str) -> None:
         """End the VM (if any) and delete everything of it, paused state included."""
-        m = self._machines.pop(name, None)
+        h = self.hot.forget(name)
+        m = self._machines.pop(name, None) or (h.machine if h else None)
         if m is not None:
             await self._destroy(m)
         else:
@@ -951,6 +1074,12 @@ class Runtime:
         if workdir is not None:
             await asyncio.to_thread(remove_tree, workdir)
         await self.slots.release_async(slot)
+
+    def _background(self, work: Coroutine[object, object, None]) -> None:
+        """Run `work` without waiting for it (held here: the loop keeps only weak refs)."""
+        t = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     # -- VMMs that exit on their own ----------------------------------------------------
     def _register(self, m: Machine) -> None:
@@ -980,6 +1109,12 @@ class Runtime:
 
     def _sandbox_vmm_exited(self, m: Machine, how: VmmExit) -> None:
         VMM_EXITS.labels("sandbox").inc()
+        h = self.hot.get(m.name)
+        if h is not None and h.machine is m:
+            # A hot VMM died: its sandbox stays paused, cold (the state on disk is whole).
+            self.hot.forget(m.name)
+            self._background(self._stop(m))
+            return
         # Only the sandbox's current VM: the orchestrator removes the sandbox (a kill).
         if self._machines.get(m.name) is m and self.on_vmm_exit is not None:
             self.on_vmm_exit(m.name, how)
@@ -999,6 +1134,7 @@ class Runtime:
                 f"template {template} is built for {template_shape}; other shapes need a build")
         if len(self._machines) >= self.cfg.max_sandboxes:
             raise CapacityExceeded("node is at its sandbox limit")
+        await self.make_room(template_shape.memory_mib)
         await self._create_from(sandbox_id, snapshot_id, init)
         return self.handle(sandbox_id, template)
 

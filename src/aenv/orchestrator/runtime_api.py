@@ -6,6 +6,7 @@ state machine depend only on this protocol.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -53,6 +54,9 @@ class SandboxHandle:
     shape: MachineShape
     slot_addr: str  # host-reachable address of the slot; the agent is at slot_addr:AGENT_PORT
     vmm_pid: int
+    # Done once the guest may take client requests (a hot resume sets its clock after the
+    # call returns); None: ready now. The data plane waits for it.
+    ready: asyncio.Future[None] | None = field(default=None, compare=False, repr=False)
 
     def url(self, port: int = AGENT_PORT) -> str:
         return f"http://{self.slot_addr}:{port}"
@@ -161,7 +165,10 @@ class Runtime(Protocol):
         paused (`is_paused`) unless its state was lost."""
 
     def is_paused(self, sandbox_id: str) -> bool:
-        """Complete paused state is on disk and no VMM runs (survives a node restart)."""
+        """Complete paused state is on disk and no VMM runs it (survives a node restart)."""
+
+    def tier(self, sandbox_id: str) -> str | None:
+        """A paused sandbox's tier: "hot" (its stopped VMM is kept) or "cold"; else None."""
 
     def is_running(self, sandbox_id: str) -> bool:
         """This runtime runs a VMM for the sandbox."""
@@ -185,4 +192,9 @@ class Runtime(Protocol):
     async def fork(
         self, sandbox_id: str, children: list[tuple[str, AgentInit]]
     ) -> list[SandboxHandle | BaseException]:
-        """Snapshot the running sandbox (it keeps running) and start one child per entry."""
+        """Snapshot the sandbox (running: it keeps running; paused: from its paused state)
+        and start one child per entry."""
+
+    async def create_children(self, snapshot_id: str, children: list[tuple[str, AgentInit]]
+                              ) -> list[SandboxHandle | BaseException]:
+        """One sandbox per entry from a stored snapshot, restored side by side."""

@@ -332,33 +332,8 @@ class Orchestrator:
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
         self._admit(shape.memory_mib, "create a sandbox")
-        sid = new_sandbox_id()
-        token = new_access_token() if req.secure else None
-        now = self.now_us()
-        rec = SandboxRecord(
-            sandbox_id=sid,
-            template_id=info.template_id,
-            alias=req.template if req.template in info.aliases else next(iter(info.aliases), None),
-            state=S.CREATING,
-            started_at_us=now,
-            end_at_us=now + req.timeout_s * 1_000_000,
-            timeout_s=req.timeout_s,
-            vcpus=shape.vcpus,
-            memory_mib=shape.memory_mib,
-            disk_mib=shape.disk_mib,
-            envd_version=info.envd_version,
-            metadata=dict(req.metadata),
-            env_vars={**info.env, **req.env_vars},
-            access_token=token,
-            auto_pause=req.auto_pause,
-            auto_resume=req.auto_resume,
-            auto_pause_memory=req.auto_pause_memory,
-            allow_internet=req.allow_internet,
-            egress=egress,
-            updated_at_us=now,
-            default_user=info.user,
-            default_workdir=info.workdir,
-        )
+        rec = self._new_record(req, info, shape, egress)
+        sid = rec.sandbox_id
         self.store.insert(rec)
         self._booting += 1
         BOOTS_IN_FLIGHT.inc()
@@ -377,6 +352,34 @@ class Orchestrator:
                   vcpus=shape.vcpus, memory_mib=shape.memory_mib, slot=handle.slot_addr,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return self.get(sid)
+
+    def _new_record(self, req: CreateRequest, info: TemplateInfo, shape: MachineShape,
+                    egress: EgressPolicy) -> SandboxRecord:
+        now = self.now_us()
+        return SandboxRecord(
+            sandbox_id=new_sandbox_id(),
+            template_id=info.template_id,
+            alias=req.template if req.template in info.aliases else next(iter(info.aliases), None),
+            state=S.CREATING,
+            started_at_us=now,
+            end_at_us=now + req.timeout_s * 1_000_000,
+            timeout_s=req.timeout_s,
+            vcpus=shape.vcpus,
+            memory_mib=shape.memory_mib,
+            disk_mib=shape.disk_mib,
+            envd_version=info.envd_version,
+            metadata=dict(req.metadata),
+            env_vars={**info.env, **req.env_vars},
+            access_token=new_access_token() if req.secure else None,
+            auto_pause=req.auto_pause,
+            auto_resume=req.auto_resume,
+            auto_pause_memory=req.auto_pause_memory,
+            allow_internet=req.allow_internet,
+            egress=egress,
+            updated_at_us=now,
+            default_user=info.user,
+            default_workdir=info.workdir,
+        )
 
     async def _boot(
         self, rec: SandboxRecord, info: TemplateInfo, shape: MachineShape
@@ -745,16 +748,21 @@ class Orchestrator:
     async def fork(
         self, sandbox_id: str, count: int, timeout_s: int | None = None
     ) -> list[SandboxRecord | BaseException]:
-        """Snapshot the running sandbox (it keeps running) and start `count` children from
-        it, each with its own id and token and the source's env, metadata and lifecycle.
-        One entry per child: its record, or the error that child failed with (children over
-        max_sandboxes get CapacityExhausted)."""
+        """Snapshot the sandbox and start `count` children from it, each with its own id and
+        token and the source's env, metadata and lifecycle. A running source keeps running
+        (Forking meanwhile); a paused one, hot or cold, is forked from its paused state and
+        stays Paused (its lock, held throughout, keeps a resume or kill out). One entry per
+        child: its record, or the error that child failed with (children over max_sandboxes
+        get CapacityExhausted)."""
         if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
             raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
         if timeout_s is not None:
             self._check_timeout(timeout_s)
         async with self._locks.hold(sandbox_id):
-            src = self._running_for(sandbox_id, "a fork")
+            src = self.get(sandbox_id)
+            paused = src.state is S.PAUSED
+            if not paused:
+                src = self._running_for(sandbox_id, "a fork")
             if not self._accepting:
                 raise ShuttingDown("the node is shutting down")
             room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
@@ -764,8 +772,8 @@ class Orchestrator:
             kids = [self._child_record(src, ttl) for _ in range(n)]
             for k in kids:
                 self.store.insert(k)
-            if n and not self.store.transition(sandbox_id, [S.RUNNING], S.FORKING,
-                                               self.now_us()):  # fmt: skip
+            if n and not paused and not self.store.transition(
+                    sandbox_id, [S.RUNNING], S.FORKING, self.now_us()):
                 for k in kids:
                     self.store.delete(k.sandbox_id, [S.CREATING])
                 raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(src.state))
@@ -782,7 +790,7 @@ class Orchestrator:
                     self.store.delete(k.sandbox_id, [S.CREATING])
                 raise
             finally:
-                if n:
+                if n and not paused:
                     self.store.transition(sandbox_id, [S.FORKING], S.RUNNING, self.now_us())
             out: list[SandboxRecord | BaseException] = []
             for k, r in zip(kids, results, strict=True):
@@ -793,6 +801,48 @@ class Orchestrator:
         ok = sum(isinstance(r, SandboxRecord) for r in out)
         OPS_TOTAL.labels("fork", "ok").inc(ok)
         log_event(log, "sandbox.forked", sandbox_id=sandbox_id, requested=count, started=ok,
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+        return out
+
+    async def fork_snapshot(self, snapshot: str, count: int, timeout_s: int
+                            ) -> list[SandboxRecord | BaseException]:
+        """`count` sandboxes from a named snapshot (id or name) at once, as a fork's
+        children: restored in parallel (at most max_concurrent_boots at a time), each with
+        its own id, token and entropy. One entry per child, as `fork`."""
+        if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
+            raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
+        self._check_timeout(timeout_s)
+        snap = self.find_snapshot(snapshot)  # TemplateNotFound -> 404
+        info = self.resolve_template(snap.snapshot_id)
+        if not self._accepting:
+            raise ShuttingDown("the node is shutting down")
+        n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
+        self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")
+        req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s)
+        egress = EgressPolicy.from_request(None, [], [])
+        kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
+        for k in kids:
+            self.store.insert(k)
+        t0 = time.perf_counter()
+        self._snap_refs.acquire(snap.snapshot_id)  # a DELETE meanwhile waits for the clones
+        try:
+            async with stage("fork", "runtime_children", snap.snapshot_id):
+                results = await self.runtime.create_children(
+                    snap.snapshot_id, [(k.sandbox_id, _agent_init(k)) for k in kids])
+        except BaseException:
+            for k in kids:
+                self.store.delete(k.sandbox_id, [S.CREATING])
+            raise
+        finally:
+            if self._snap_refs.release(snap.snapshot_id):
+                self._delete_snapshot_files(snap.snapshot_id)
+        out: list[SandboxRecord | BaseException] = [
+            self._fork_child_started(k, r) for k, r in zip(kids, results, strict=True)]
+        out += [CapacityExhausted(
+            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
+            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
+        log_event(log, "snapshot.forked", snapshot_id=snap.snapshot_id, requested=count,
+                  started=sum(isinstance(r, SandboxRecord) for r in out),
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return out
 

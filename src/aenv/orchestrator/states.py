@@ -40,7 +40,8 @@ TRANSITIONS: dict[SandboxState, frozenset[SandboxState | str]] = {
 
 TRANSITIONAL = frozenset({S.CREATING, S.PAUSING, S.RESUMING, S.SNAPSHOTTING, S.FORKING, S.KILLING})
 
-# States that hold a live VMM (count against max_sandboxes, get TTL kills and metrics).
+# States that hold a live VMM (count against max_sandboxes, get TTL kills and metrics). A
+# hot-paused sandbox's stopped VMM counts against the hot tier's own budget instead.
 HAS_VM = frozenset({S.CREATING, S.RUNNING, S.PAUSING, S.SNAPSHOTTING, S.FORKING, S.KILLING})
 # States that count against max_sandboxes and the space reserve: a VMM, or one being restored.
 HOLDS_CAPACITY = HAS_VM | {S.RESUMING}
@@ -72,6 +73,9 @@ def is_legal(src: SandboxState, dst: SandboxState | str) -> bool:
 # "paused" = Paused if the runtime finds complete paused state on disk (`is_paused`), else as
 # "adopt". A pause writes its manifest last and a resume deletes it before the guest runs
 # again, so complete paused state is always consistent; a VMM still alive beside it is killed.
+# That includes a hot-paused sandbox's kept VMM (orchestrator/hot.py): it is reclaimed, not
+# re-adopted, and the sandbox resumes cold from its state on disk, which a hot pause wrote
+# as completely as a cold one.
 # "remove" = removed, its VM (if any) killed.
 RECOVERY: dict[SandboxState, str] = {
     S.CREATING: "remove",  # the create call died with the node; the client got no id
@@ -80,7 +84,7 @@ RECOVERY: dict[SandboxState, str] = {
     S.SNAPSHOTTING: "adopt",  # a half-written snapshot is never visible (staging + rename)
     S.FORKING: "adopt",  # children are Creating (removed); the runtime drops the fork snapshot
     S.KILLING: "remove",  # finish the kill
-    S.PAUSED: "paused",  # holds no VM; kept while its files are on disk
+    S.PAUSED: "paused",  # kept while its files are on disk; a hot VMM beside them is killed
     # Paused while its state is intact; once the resume deleted it, the VM is adopted only
     # if it took its /init (the runtime's adoption record is written then), else removed.
     S.RESUMING: "paused",

@@ -152,3 +152,29 @@ async def test_space_admission_is_507(tmp_path, config_kw) -> None:  # type: ign
             assert node.orchestrator.store.all() == []
     finally:
         await node.close()
+
+
+async def test_a_named_snapshot_forks_into_children_and_a_paused_sandbox_forks(
+    client: httpx.AsyncClient, runtime: FakeRuntime
+) -> None:
+    src = await create(client)
+    sid = src["sandboxID"]
+    snap = (await client.post(f"/sandboxes/{sid}/snapshots", json={"name": "task-7"})).json()
+    for name in (snap["snapshotID"], "task-7"):
+        r = await client.post(f"/snapshots/{name}/fork", json={"count": 3, "timeout": 60})
+        assert r.status_code == 201, r.text
+        kids = [o["sandbox"] for o in r.json()]
+        assert len({k["sandboxID"] for k in kids}) == 3
+        assert len({k["envdAccessToken"] for k in kids}) == 3
+        for k in kids:
+            info = (await client.get(f"/sandboxes/{k['sandboxID']}")).json()
+            assert info["state"] == "running" and info["templateID"] == snap["snapshotID"]
+    assert_error(await client.post("/snapshots/nope/fork", json={}), 404)
+    for bad in ({"count": 0}, {"count": 21}, {"timeout": -1}):
+        assert_error(await client.post(f"/snapshots/{snap['snapshotID']}/fork", json=bad), 400)
+    # A paused source forks (aenv; E2B answers 409) and stays paused, with its tier shown.
+    assert (await client.post(f"/sandboxes/{sid}/pause")).status_code == 204
+    r = await client.post(f"/sandboxes/{sid}/fork", json={"count": 2})
+    assert r.status_code == 201 and all("sandbox" in o for o in r.json()), r.text
+    info = (await client.get(f"/sandboxes/{sid}")).json()
+    assert info["state"] == "paused" and info["pauseTier"] == "cold"

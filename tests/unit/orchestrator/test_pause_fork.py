@@ -275,8 +275,9 @@ async def test_fork_children_get_own_ids_tokens_and_the_source_env(
         with pytest.raises(InvalidRequest):
             await orch.fork(src.sandbox_id, bad)
     await orch.pause(src.sandbox_id)
-    with pytest.raises(StateConflict):
-        await orch.fork(src.sandbox_id, 1)
+    (kid,) = await orch.fork(src.sandbox_id, 1)  # a paused source forks and stays paused
+    assert isinstance(kid, SandboxRecord) and kid.state is S.RUNNING
+    assert orch.get(src.sandbox_id).state is S.PAUSED
 
 
 async def test_fork_beyond_capacity_and_failed_children_are_error_entries(

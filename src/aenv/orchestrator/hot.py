@@ -1,0 +1,216 @@
+"""The hot pause tier: paused sandboxes whose stopped VMM the node keeps.
+
+A full pause saves device state and makes RAM and disk durable exactly as a cold one does;
+the paused state on disk is complete either way. A hot pause then keeps the stopped QEMU and
+its slot, so a resume is a QMP `cont`: no restore and, under TCG, no re-translation of guest
+code (the translation cache lives in the process). After `hot_release_delay_s` the guest's
+RAM pages are handed back to the host (`vmm.memory.page_out`; they are clean, so nothing is
+written), and the pages that were resident are recorded so that a resume reads them back in
+ahead of the guest (`prefetch`).
+
+Hot becomes cold, the VMM ended and only the files kept, on the age limit, beyond the hot
+budget (count, resident memory), under host memory pressure (PSI), when a create needs the
+memory, at shutdown, and when the VMM dies. None of these loses anything: the paused state
+on disk is what a cold resume restores. A node that dies leaves hot VMMs without a node; the
+next one reclaims them (`reclaim`) and their sandboxes resume cold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aenv.config import Config
+from aenv.orchestrator.obs import HOT_DEMOTIONS, HOT_RSS, HOT_VMS, log_event
+from aenv.vmm import memory
+
+if TYPE_CHECKING:
+    from aenv.orchestrator.runtime import Machine
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0  # how often age, budget and pressure are looked at
+PSI_FILE = Path("/proc/pressure/memory")
+
+
+@dataclass
+class HotVm:
+    machine: Machine
+    paused_at: float = field(default_factory=time.monotonic)
+    released: bool = False
+    # At release: the RAM runs that were resident, read back in at resume.
+    runs: list[tuple[int, int]] = field(default_factory=list)
+    rss: int = 0  # the process's resident bytes when last looked at
+    release: asyncio.TimerHandle | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.machine.vm.pid
+
+
+def psi_some_avg10(path: Path = PSI_FILE) -> float:
+    """Share (%) of the last 10 s in which some task waited on memory; 0 without PSI."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("some "):
+                return float(line.split("avg10=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0.0
+
+
+def host_memory_mib() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) >> 10
+    return 0
+
+
+class HotTier:
+    """Which paused sandboxes keep their VMM, and when each one stops keeping it.
+    `demote(machine, reason)` ends a VMM the tier let go (the runtime's)."""
+
+    def __init__(self, cfg: Config, demote: Callable[[Machine], Awaitable[None]]) -> None:
+        self.cfg = cfg
+        self._demote_vm = demote
+        self._hot: dict[str, HotVm] = {}  # oldest first
+        self._keeper: asyncio.Task[None] | None = None
+        self._releases: set[asyncio.Task[None]] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.hot_pause_s > 0 and self.cfg.hot_pause_max > 0
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._hot
+
+    def names(self) -> set[str]:
+        return set(self._hot)
+
+    def get(self, name: str) -> HotVm | None:
+        return self._hot.get(name)
+
+    def start(self) -> None:
+        if self.enabled and self._keeper is None:
+            self._keeper = asyncio.get_running_loop().create_task(self._keep(), name="aenv-hot")
+
+    async def close(self) -> None:
+        """Node shutdown: every hot VMM becomes cold."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        await asyncio.gather(*(self.demote(n, "shutdown") for n in list(self._hot)))
+
+    # -- in and out ----------------------------------------------------------------------
+    async def keep(self, m: Machine) -> None:
+        """`m` (stopped, its paused state durable) stays hot; the oldest others go cold
+        if the budget is exceeded now."""
+        h = HotVm(m)
+        with contextlib.suppress(OSError):
+            h.rss = memory.process_rss(h.pid)
+        self._hot[m.name] = h
+        delay = self.cfg.hot_release_delay_s
+        h.release = asyncio.get_running_loop().call_later(delay, self._start_release, m.name, h)
+        await self._enforce_budget()
+        self._gauges()
+
+    def take(self, name: str) -> HotVm | None:
+        """Out of the tier for a resume (the caller continues or ends its VMM)."""
+        h = self._hot.pop(name, None)
+        if h is not None and h.release is not None:
+            h.release.cancel()
+        self._gauges()
+        return h
+
+    async def demote(self, name: str, reason: str) -> bool:
+        h = self.take(name)
+        if h is None:
+            return False
+        HOT_DEMOTIONS.labels(reason).inc()
+        log_event(log, "sandbox.demoted", sandbox_id=name, reason=reason,
+                  hot_s=round(time.monotonic() - h.paused_at, 1))  # fmt: skip
+        await self._demote_vm(h.machine)
+        return True
+
+    def forget(self, name: str) -> HotVm | None:
+        """Its VMM is gone already (died, killed): out of the tier without a demotion."""
+        return self.take(name)
+
+    # -- memory --------------------------------------------------------------------------
+    def _start_release(self, name: str, h: HotVm) -> None:
+        if self._hot.get(name) is not h:
+            return
+        t = asyncio.get_running_loop().create_task(self._release(name, h))
+        self._releases.add(t)
+        t.add_done_callback(self._releases.discard)
+
+    async def _release(self, name: str, h: HotVm) -> None:
+        try:
+            await asyncio.to_thread(release, h)
+        except OSError as e:  # its VMM ended meanwhile: its watcher reports that
+            log.info("releasing the RAM of hot %s failed: %s", name, e)
+        self._gauges()
+
+    def resident_mib(self) -> int:
+        return sum(h.rss for h in self._hot.values()) >> 20
+
+    async def make_room(self, committed_mib: int, new_mib: int) -> None:
+        """Demote the oldest hot VMMs while `committed_mib` (running VMs' RAM) + the hot
+        VMMs' resident memory + `new_mib` is over the node's memory budget."""
+        budget = self.cfg.memory_budget_mib or max(host_memory_mib() - 2048, 1024)
+        while self._hot and committed_mib + self.resident_mib() + new_mib > budget:
+            await self.demote(next(iter(self._hot)), "memory")
+
+    async def _enforce_budget(self) -> None:
+        while len(self._hot) > self.cfg.hot_pause_max or (
+                self._hot and self.resident_mib() > self.cfg.hot_pause_memory_mib):
+            await self.demote(next(iter(self._hot)), "budget")
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                await self._tick()
+            except Exception:
+                log.exception("hot tier tick failed")
+
+    async def _tick(self) -> None:
+        now = time.monotonic()
+        for name, h in list(self._hot.items()):
+            if now - h.paused_at >= self.cfg.hot_pause_s:
+                await self.demote(name, "age")
+            else:
+                with contextlib.suppress(OSError):
+                    h.rss = await asyncio.to_thread(memory.process_rss, h.pid)
+        if self._hot and psi_some_avg10() > self.cfg.hot_psi_avg10:
+            await self.demote(next(iter(self._hot)), "pressure")  # one a tick while it lasts
+        await self._enforce_budget()
+        self._gauges()
+
+    def _gauges(self) -> None:
+        HOT_VMS.set(len(self._hot))
+        HOT_RSS.set(sum(h.rss for h in self._hot.values()))
+
+
+def release(h: HotVm) -> None:
+    """Record which guest pages are resident, then drop them from the VMM (blocking)."""
+    m = memory.ram_mapping(h.pid, h.machine.vm.spec.memory_file)
+    h.runs = memory.resident_runs(m)
+    memory.page_out(m)
+    h.released = True
+    h.rss = memory.process_rss(h.pid)
+
+
+def page_in(h: HotVm) -> None:
+    """Read back what `release` dropped, ahead of the continue (blocking)."""
+    if h.released and h.runs:
+        memory.prefetch(memory.ram_mapping(h.pid, h.machine.vm.spec.memory_file), h.runs)
