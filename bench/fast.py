@@ -44,7 +44,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import httpx
 from node import DATA_DIR, Node, pct  # bench/node.py: the server launcher
 
 from aenv import config as config_mod
@@ -195,25 +194,25 @@ async def raw_rows(n: int, res: Rows) -> None:
             await asyncio.sleep(0.2)
             dt, _ = await timed(m.vm.resume())
             res["QMP cont of a stopped VM"].append(dt)
-        async with httpx.AsyncClient() as http:
-            for _ in range(n):
-                await rt.pause(sid)
-                t0 = time.perf_counter()
-                m = await rt.restore(sid, None)
-                (await http.get(m.slot.url(AGENT_PORT) + "/health")).raise_for_status()
-                res["raw restore of a paused sandbox + first agent answer"].append(
-                    time.perf_counter() - t0)
-                await rt.push_init(m, AgentInit())
-            await rt.destroy(sid)
-            # One child's restore-and-first-answer CPU: its QEMU's time, start to answer.
-            for _ in range(3):
-                kid = "raw" + uuid.uuid4().hex[:10]
-                await rt.create(kid, cfg.default_template, AgentInit())
-                km = rt.machines()[kid]
-                (await http.get(km.slot.url(AGENT_PORT) + "/health")).raise_for_status()
-                res["one child's restore + first answer, CPU"].append(
-                    cpu_ticks(km.vm.pid) / os.sysconf("SC_CLK_TCK"))
-                await rt.destroy(kid)
+        # Each machine's own client: a slot address is reused by the next VM.
+        for _ in range(n):
+            await rt.pause(sid)
+            t0 = time.perf_counter()
+            m = await rt.restore(sid, None)
+            (await m.http.get(m.slot.url(AGENT_PORT) + "/health")).raise_for_status()
+            res["raw restore of a paused sandbox + first agent answer"].append(
+                time.perf_counter() - t0)
+            await rt.push_init(m, AgentInit())
+        await rt.destroy(sid)
+        # One child's restore-and-first-answer CPU: its QEMU's time, start to answer.
+        for _ in range(3):
+            kid = "raw" + uuid.uuid4().hex[:10]
+            await rt.create(kid, cfg.default_template, AgentInit())
+            km = rt.machines()[kid]
+            (await km.http.get(km.slot.url(AGENT_PORT) + "/health")).raise_for_status()
+            res["one child's restore + first answer, CPU"].append(
+                cpu_ticks(km.vm.pid) / os.sysconf("SC_CLK_TCK"))
+            await rt.destroy(kid)
         tpl = rt.template(cfg.default_template).build_id
         for _ in range(max(1, n // 5)):
             kids = ["raw" + uuid.uuid4().hex[:10] for _ in range(16)]

@@ -189,3 +189,54 @@ def test_kill_9_of_the_node_and_a_shutdown_leave_hot_sandboxes_resumable_cold(
         r1.kill()
     finally:
         assert c.stop() == 0, c.tail()
+
+
+def _children_are_their_own(kids: list[Sandbox]) -> None:
+    """Each child answers, with its own entropy, and a clock within 1 s of the host's."""
+    seen = set()
+    for k in kids:
+        seen.add(k.commands.run("head -c 16 /dev/urandom | od -An -tx1").stdout)
+        _clock_ok(k)
+    assert len(seen) == len(kids), "two children share their entropy"
+
+
+def test_forks_from_running_hot_cold_and_a_named_snapshot(node: NodeProcess) -> None:
+    src = Sandbox.create(timeout=300)
+    other = Sandbox.create(timeout=300)
+    kids: list[Sandbox] = []
+    snap = None
+    try:
+        src.files.write("/home/user/src.txt", "from the source")
+        for state in ("running", "hot", "cold"):
+            if state == "hot":
+                assert src.pause() is True
+            elif state == "cold":
+                assert other.pause() is True  # the hot budget holds one: src goes cold
+            assert _tier(node, src.sandbox_id) == (None if state == "running" else state)
+            out = src.fork(count=2, timeout=120)
+            assert all(isinstance(k, Sandbox) for k in out), out
+            kids += out  # type: ignore[arg-type]
+            for k in out:
+                assert k.files.read("/home/user/src.txt") == "from the source"  # type: ignore[union-attr]
+            assert src.get_info().state == (
+                SandboxState.RUNNING if state == "running" else SandboxState.PAUSED)
+        _children_are_their_own(kids)
+        for k in kids:
+            k.kill()
+        # 16 children of a named snapshot at once (aenv's POST /snapshots/{id}/fork).
+        src = Sandbox.connect(src.sandbox_id)
+        snap = src.create_snapshot().snapshot_id
+        with node.api() as c:
+            r = c.post(f"/snapshots/{snap}/fork", json={"count": 16, "timeout": 120})
+        assert r.status_code == 201, r.text
+        ids = [o["sandbox"]["sandboxID"] for o in r.json() if "sandbox" in o]
+        assert len(ids) == 16, r.text
+        kids = [Sandbox.connect(i) for i in ids]
+        _children_are_their_own(kids)
+    finally:
+        for k in kids:
+            k.kill()
+        src.kill()
+        other.kill()
+        if snap is not None:
+            Sandbox.delete_snapshot(snap)

@@ -60,7 +60,7 @@ _ROUTING = frozenset({
 })  # fmt: skip
 _RESPONSE_DROP = _HOP_BY_HOP | {b"date", b"server"}
 _CONTENT_LENGTH = frozenset({b"content-length"})  # the proxy re-frames request bodies
-READY_WAIT_S = 10.0  # the longest a request waits for its sandbox's start to finish
+READY_WAIT_S = 60.0  # the longest a request waits for its sandbox's start to finish
 _SID_HEADERS = (b"e2b-sandbox-id", b"x-agentenv-sandbox-id")
 _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
 UNAUTHORIZED = (
@@ -258,11 +258,14 @@ class DataPlaneProxy:
             return unauthorized
         ready = route.handle.ready
         if ready is not None and not ready.done():
-            # Its start finishes behind the API call (a hot resume's clock push): the guest
-            # takes requests once it is done. It never fails (it logs); shielded from this
-            # request's cancellation, which must not cancel it.
-            with contextlib.suppress(TimeoutError):
+            # Its start finishes behind the API call (a fork child's /init, a hot resume's
+            # clock push): the guest takes requests once it is done. Shielded: this
+            # request's cancellation must not cancel it.
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(ready), READY_WAIT_S)
+        if ready is not None and ready.done() and not ready.cancelled() and ready.exception():
+            return _Denial(502, {"code": 502, "message": f"sandbox {route.sandbox_id} failed to "
+                                 "start"}, "not_ready")  # fmt: skip
         return route
 
     async def handle(self, scope: Scope, receive: Any, send: Any, target: Target) -> None:

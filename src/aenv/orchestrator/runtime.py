@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 FORK_PREFIX = "fork-"
 AGENT_BOOT_TIMEOUT = 180.0  # a cold boot under TCG: kernel ~1 s, Python agent start far more
 AGENT_INIT_TIMEOUT = 10.0
+# An /init answered later than this set a clock that was already behind: send it again.
+CLOCK_RESYNC_S = 0.2
 # Adopting a VM after a node restart: a running guest answers at once, but one a save left
 # stopped first finishes that migration and continues, on a host that may be busy.
 ADOPT_VMM_TIMEOUT = 30.0
@@ -542,6 +544,7 @@ class Runtime:
         a transient snapshot) are computed later, in the background. A filesystem-only
         manifest (`memory` false) takes the disk alone, after the guest flushed it."""
         m = self._machines[name]
+        await self._settled(m)
         state = m.workdir / "state"
         if not manifest.memory:
             await self._flush_guest(m, strict=False)
@@ -569,8 +572,7 @@ class Runtime:
         (`memory=False`): the guest flushes its filesystems first and only the disk is kept
         (no RAM file, no device state); resuming it is a reboot."""
         m = self._machines[name]
-        if m.ready is not None:
-            await m.ready  # a hot resume's clock push: not into a stopped guest
+        await self._settled(m)
         if require_healthy_guest:
             # Fail fast on a wedged agent (the SDK retries a 503), before a long flush wait.
             await guest_flush.check_agent(m.http, m.slot.url(AGENT_PORT), GUEST_CHECK_TIMEOUT)
@@ -750,17 +752,29 @@ class Runtime:
         timestamp keeps identity and token), then record the VM for adoption."""
         t0 = time.perf_counter()
         try:
-            r = await agent_replies.request(
-                m.http, "POST", m.slot.url(AGENT_PORT) + "/init",
-                json={"timestamp": now_rfc3339()}, deadline_s=AGENT_INIT_TIMEOUT)
-            if r.status >= 300:
-                log.warning("clock push to %s answered %s", m.name, r.status)
+            await self._push_clock(m)
+            if time.perf_counter() - t0 > CLOCK_RESYNC_S:
+                await self._push_clock(m)
             t1 = time.perf_counter()
             await asyncio.to_thread(adoption.write, m.workdir, self._adoption_record(m))
             log.debug("after hot resume %s: clock=%.1fms record=%.1fms", m.name,
                       (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
         except (GuestReplyError, OSError, ProcessLookupError) as e:
             log.warning("after the hot resume of %s: %s", m.name, e)
+
+    @staticmethod
+    async def _push_clock(m: Machine) -> None:
+        """Set the guest's clock (the agent's /init with only a timestamp keeps identity and
+        token). The guest sets the time it is sent, so the answer's delay is its error."""
+        try:
+            r = await agent_replies.request(
+                m.http, "POST", m.slot.url(AGENT_PORT) + "/init",
+                json={"timestamp": now_rfc3339()}, deadline_s=AGENT_INIT_TIMEOUT)
+        except GuestReplyError as e:
+            log.warning("clock push to %s failed: %s", m.name, e)
+            return
+        if r.status >= 300:
+            log.warning("clock push to %s answered %s", m.name, r.status)
 
     def _committed_mib(self) -> int:
         return sum(m.vm.spec.shape.memory_mib for m in self._machines.values())
@@ -907,13 +921,14 @@ class Runtime:
         """One VM per entry from a snapshot (a fork's, or a named one), each with its own
         identity: one result per child, its handle or why it failed."""
         await self.make_room(len(children) * self._manifest(snapshot_id).shape.memory_mib)
-        # At most max_concurrent_boots children restore (and take /init) at once: more
-        # only compete for the same CPUs (under TCG a crowd misses the /init deadline).
+        # All children restore at once (a restore is mostly I/O and QMP); their /init, which
+        # under TCG pays for translating the agent's code, runs behind the call, at most
+        # max_concurrent_boots at a time: a crowd only competes for the same CPUs and misses
+        # the /init deadline. The data plane holds a child's requests until its /init is done.
         gate = asyncio.Semaphore(max(1, self.cfg.max_concurrent_boots))
 
         async def child(cid: str, init: AgentInit) -> SandboxHandle:
-            async with gate:
-                handle = await self._create_from(cid, snapshot_id, init)
+            handle = await self._create_from(cid, snapshot_id, init, init_gate=gate)
             fault("fork.after_child")
             return handle
 
@@ -1029,6 +1044,7 @@ class Runtime:
             body["accessToken"] = init.access_token
         if init.default_workdir:
             body["defaultWorkdir"] = init.default_workdir
+        t0 = time.monotonic()
         try:
             # The whole budget for connecting too: a guest restored next to many others
             # (fork x16 under TCG) may take seconds to be scheduled and accept.
@@ -1038,6 +1054,8 @@ class Runtime:
             raise BootError(f"agent /init failed: {e}") from e
         if r.status >= 300:
             raise BootError(f"agent /init answered {r.status}: {r.snippet()}")
+        if time.monotonic() - t0 > CLOCK_RESYNC_S:
+            await self._push_clock(m)  # the guest set a time that was old by then
         m.access_token = init.access_token
         # From here on a client may hold this VM: a node restart re-adopts it.
         try:
@@ -1138,8 +1156,10 @@ class Runtime:
         await self._create_from(sandbox_id, snapshot_id, init)
         return self.handle(sandbox_id, template)
 
-    async def _create_from(self, sandbox_id: str, snapshot_id: str, init: AgentInit
-                           ) -> SandboxHandle:
+    async def _create_from(self, sandbox_id: str, snapshot_id: str, init: AgentInit, *,
+                           init_gate: asyncio.Semaphore | None = None) -> SandboxHandle:
+        """With `init_gate`, the /init is pushed in the background under that gate and the
+        handle's `ready` is done once it is (a fork child)."""
         try:
             primed = self._primed.take(snapshot_id)
             if primed is not None:
@@ -1149,14 +1169,43 @@ class Runtime:
             else:
                 m = await self._boot_snapshot(sandbox_id, snapshot_id)
             fault("create.before_init")
-            await self.push_init(m, init)
+            if init_gate is None:
+                await self.push_init(m, init)
         except VmmError as e:
             await self.destroy(sandbox_id)
             raise BootError(str(e)) from e
         except BaseException:
             await self.destroy(sandbox_id)
             raise
-        return self.handle(sandbox_id, m.template_id)
+        handle = self.handle(sandbox_id, m.template_id)
+        if init_gate is not None:
+            t = asyncio.get_running_loop().create_task(self._init_later(m, init, init_gate))
+            t.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+            m.ready = handle.ready = t
+        return handle
+
+    async def _init_later(self, m: Machine, init: AgentInit, gate: asyncio.Semaphore) -> None:
+        """A child's /init behind the call. If it fails the VM is ended and reported as a
+        dead VMM, so the orchestrator removes the sandbox; the data plane answers 502."""
+        try:
+            async with gate:
+                await self.push_init(m, init)
+        except BaseException as e:
+            log_event(log, "sandbox.init_failed", logging.WARNING, sandbox_id=m.name,
+                      error=repr(e))  # fmt: skip
+            if self._machines.get(m.name) is m:
+                await self.destroy(m.name)
+                if self.on_vmm_exit is not None:
+                    self.on_vmm_exit(m.name, VmmExit())
+            raise
+
+    @staticmethod
+    async def _settled(m: Machine) -> None:
+        """Wait for what a start left running behind its call (a child's /init, a hot
+        resume's clock push): not into a stopped guest."""
+        if m.ready is not None:
+            with contextlib.suppress(Exception):
+                await m.ready
 
     def handle(self, name: str, template_id: str) -> SandboxHandle:
         m = self._machines[name]
