@@ -43,13 +43,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
+import httpx
 from node import DATA_DIR, Node, pct  # bench/node.py: the server launcher
 
 from aenv import config as config_mod
 from aenv.orchestrator.runtime import AGENT_PORT, Runtime
 from aenv.orchestrator.runtime_api import AgentInit
 from aenv.vmm import memory
+from tests.support import envd_client
 
 PAUSE_LINE = re.compile(r"pause (\w+): stop=([\d.]+)ms save=([\d.]+)ms fsync=([\d.]+)ms")
 DIRTY_16M = "dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=16 conv=notrunc status=none"
@@ -109,9 +112,19 @@ async def hot_rows(node: Node, n: int, cpu_window: float, res: Rows, info: dict[
             res["pause after dirtying 16 MiB"].append(dt)
             await asyncio.sleep(1)
             dt, _ = await timed(sbx.connect(timeout=900))
-            res["hot resume at the API"].append(dt)
+            res["hot resume at the API (SDK connect)"].append(dt)
             dc, _ = await timed(sbx.commands.run("true"))
             res["hot resume + first commands.run('true')"].append(dt + dc)
+        # The same through one kept-alive HTTP connection (the SDK opens a client per call).
+        async with httpx.AsyncClient(base_url=node.origin, headers={"X-API-Key": node.key}
+                                     ) as http:  # fmt: skip
+            for _ in range(n):
+                await sbx.pause()
+                await asyncio.sleep(0.5)
+                dt, r = await timed(http.post(f"/sandboxes/{sbx.sandbox_id}/connect",
+                                              json={"timeout": 900}))  # fmt: skip
+                r.raise_for_status()
+                res["hot resume at the API (HTTP keep-alive)"].append(dt)
         # RSS and CPU of a hot-paused VMM: running, then after its release delay.
         vmm = find_vmm(node.instance, sbx.sandbox_id)
         running = memory.mapping_rss(vmm)
@@ -156,10 +169,11 @@ async def fork_rows(n: int, res: Rows) -> None:
         await src.kill()
 
 
-def pause_limits(log: Path, res: Rows) -> None:
-    """The node's own stop + save + fsync of each timed pause (same run, same pages)."""
+def pause_limits(log: Path, n: int, res: Rows) -> None:
+    """The node's own stop + save + fsync of each timed pause (same run, same pages): the
+    log's first `n` pauses are the timed ones."""
     xs = [sum(map(float, m.groups()[1:])) / 1000 for m in PAUSE_LINE.finditer(log.read_text())]
-    res["stop + device-state save + fsync (same pauses)"] = xs
+    res["stop + device-state save + fsync (same pauses)"] = xs[:n]
 
 
 # -- the cold tier, and the raw runtime's limits --------------------------------------------
@@ -203,14 +217,22 @@ async def raw_rows(n: int, res: Rows) -> None:
             res["raw restore of a paused sandbox + first agent answer"].append(
                 time.perf_counter() - t0)
             await rt.push_init(m, AgentInit())
+            # ... and what its first command costs on top (translation of the spawn path).
+            await rt.pause(sid)
+            t0 = time.perf_counter()
+            m = await rt.restore(sid, None)
+            await asyncio.to_thread(envd_client.run, m.slot.url(AGENT_PORT), "true")
+            res["raw restore of a paused sandbox + first command"].append(
+                time.perf_counter() - t0)
+            await rt.push_init(m, AgentInit())
         await rt.destroy(sid)
-        # One child's restore-and-first-answer CPU: its QEMU's time, start to answer.
+        # One child's restore-and-first-command CPU: its QEMU's time, start to answer.
         for _ in range(3):
             kid = "raw" + uuid.uuid4().hex[:10]
             await rt.create(kid, cfg.default_template, AgentInit())
             km = rt.machines()[kid]
-            (await km.http.get(km.slot.url(AGENT_PORT) + "/health")).raise_for_status()
-            res["one child's restore + first answer, CPU"].append(
+            await asyncio.to_thread(envd_client.run, km.slot.url(AGENT_PORT), "true")
+            res["one child's restore + first command, CPU"].append(
                 cpu_ticks(km.vm.pid) / os.sysconf("SC_CLK_TCK"))
             await rt.destroy(kid)
         tpl = rt.template(cfg.default_template).build_id
@@ -268,10 +290,12 @@ async def turn_loop(count: int, turns: int, *, pause: bool) -> tuple[list[float]
 # -- the table --------------------------------------------------------------------------------
 
 PAIRS = [
-    ("hot resume at the API", "QMP cont of a stopped VM"),
+    ("hot resume at the API (SDK connect)", "QMP cont of a stopped VM"),
+    ("hot resume at the API (HTTP keep-alive)", "QMP cont of a stopped VM"),
     ("hot resume + first commands.run('true')", "steady commands.run('true')"),
     ("pause after dirtying 16 MiB", "stop + device-state save + fsync (same pauses)"),
     ("cold resume + first command", "raw restore of a paused sandbox + first agent answer"),
+    ("cold resume + first command", "raw restore of a paused sandbox + first command"),
     ("fork(count=16), the call", "16 parallel raw restores"),
 ]
 
@@ -287,11 +311,11 @@ def table(res: Rows, info: dict[str, str], loops: list[tuple[str, float, float, 
             print(f"{a.ljust(w)} {pa * 1e3:8.1f} {pct(res[a], 95) * 1e3:8.1f}   {b.ljust(w)} "
                   f"{pb * 1e3:8.1f}  {pa / pb:5.2f}x")
     a = "fork(count=16), until all 16 answered a command"
-    if res.get(a) and res.get("one child's restore + first answer, CPU"):
-        limit = 16 * pct(res["one child's restore + first answer, CPU"], 50) / os.cpu_count()
+    if res.get(a) and res.get("one child's restore + first command, CPU"):
+        limit = 16 * pct(res["one child's restore + first command, CPU"], 50) / os.cpu_count()
         pa = pct(res[a], 50)
         print(f"{a.ljust(w)} {pa * 1e3:8.1f} {pct(res[a], 95) * 1e3:8.1f}   "
-              f"{'16 x one child restore+answer CPU / cores'.ljust(w)} {limit * 1e3:8.1f}  "
+              f"{'16 x one child restore+command CPU / cores'.ljust(w)} {limit * 1e3:8.1f}  "
               f"{pa / limit:5.2f}x")
     print()
     for k, v in info.items():
@@ -334,7 +358,7 @@ def main() -> None:
         hot_env = {"AENV_HOT_RELEASE_DELAY_S": "2", "AENV_MAX_CONCURRENT_BOOTS": "16"}
         with_node(tmp, "hot", hot_env,
                   lambda node: hot_rows(node, args.n, args.cpu_window, res, info))
-        pause_limits(tmp / "hot.log", res)
+        pause_limits(tmp / "hot.log", args.n, res)
         with_node(tmp, "fork", hot_env, lambda node: fork_rows(args.n, res))
         with_node(tmp, "cold", {"AENV_HOT_PAUSE_S": "0"}, lambda node: cold_rows(args.n, res))
         asyncio.run(raw_rows(args.n, res))

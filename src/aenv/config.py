@@ -82,6 +82,9 @@ class Config(BaseModel):
     # create from the default template continues one (under TCG: no restore, no first-
     # request translation). Each holds its touched guest RAM. 0 disables it.
     primed_pool_size: int = Field(1, ge=0, le=64)
+    # The same for the user snapshot a create (or a snapshot fork) used last: the next
+    # create from it continues one. It follows the newest snapshot so used. 0 disables it.
+    primed_snapshot_pool_size: int = Field(1, ge=0, le=64)
     max_sandboxes: int = 64
     # The hot pause tier: a full pause keeps the stopped VMM (and its slot) for up to
     # hot_pause_s, so a resume continues it (no restore, no re-translation under TCG), and
@@ -210,6 +213,7 @@ _SIMPLE_ENV = {
     "SLOT_NETWORK": "slot_network",
     "WARM_POOL_SIZE": "warm_pool_size",
     "PRIMED_POOL_SIZE": "primed_pool_size",
+    "PRIMED_SNAPSHOT_POOL_SIZE": "primed_snapshot_pool_size",
     "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",
     "ON_SHUTDOWN": "on_shutdown",
     "DISK_RESERVE_MIB": "disk_reserve_mib",

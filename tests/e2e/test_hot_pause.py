@@ -240,3 +240,36 @@ def test_forks_from_running_hot_cold_and_a_named_snapshot(node: NodeProcess) -> 
         other.kill()
         if snap is not None:
             Sandbox.delete_snapshot(snap)
+
+
+def _primed_snapshots(node: NodeProcess) -> float:
+    with node.api() as c:
+        text = c.get("/metrics").text
+    m = re.search(r'^aenv_pooled_vms\{kind="primed_snapshot"\} ([\d.]+)', text, re.M)
+    return float(m[1]) if m else 0.0
+
+
+def test_a_snapshot_served_by_a_primed_vm_keeps_its_own_identity(node: NodeProcess) -> None:
+    src = Sandbox.create(timeout=300)
+    made: list[Sandbox] = []
+    snap = None
+    try:
+        src.files.write("/home/user/task.txt", "task 7")
+        snap = src.create_snapshot().snapshot_id
+        made.append(Sandbox.create(snap, timeout=120))  # the pool now follows this snapshot
+        _wait(lambda: _primed_snapshots(node) >= 1, "a VM primed from the snapshot", 60)
+        made.append(Sandbox.create(snap, timeout=120))  # ... served by it
+        assert _primed_snapshots(node) == 0, "the second create did not take the primed VM"
+        with node.api() as c:
+            tokens = {c.get(f"/sandboxes/{s.sandbox_id}").json()["envdAccessToken"]
+                      for s in [src, *made]}  # fmt: skip
+        assert len(tokens) == 3, "a primed VM kept another sandbox's token"
+        for s in made:
+            assert s.files.read("/home/user/task.txt") == "task 7"
+        _children_are_their_own(made)
+    finally:
+        for s in made:
+            s.kill()
+        src.kill()
+        if snap is not None:
+            Sandbox.delete_snapshot(snap)

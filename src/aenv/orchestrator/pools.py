@@ -8,6 +8,9 @@ one key and refills in the background.
 - The **primed pool**: default-template VMs already restored, run until their agent has
   answered, then stopped (`Runtime.prime`): a create from the default template continues
   one and pushes its `/init`.
+- The **primed snapshot pool**: the same for the user snapshot a create used last (a task's
+  start state that a GRPO group creates or forks from again and again); it follows the
+  newest such snapshot (`retarget`).
 
 A pooled VM has no record: it is named `pool-*` (census.UNRECORDED_VMS), and a restarted
 node reclaims what an earlier process pooled.
@@ -58,6 +61,25 @@ class VmPool(Generic[K]):
     def configure(self, key: K) -> None:
         self.key = key
         self._refill()
+
+    def retarget(self, key: K) -> None:
+        """Serve `key` from now on: VMs ready for another key go, new ones are made."""
+        if key == self.key or self.size <= 0:
+            return
+        old, self._ready = self._ready, []
+        self._count()
+        for m in old:
+            if m.watcher is not None:
+                m.watcher.cancel()
+            t = asyncio.get_running_loop().create_task(self._destroy(m))
+            self._drops.add(t)
+            t.add_done_callback(self._drops.discard)
+        self.key = key
+        if self.refill_delay_s <= 0:
+            self._refill()
+        elif self._delayed is None:  # not while the create that used it starts
+            self._delayed = asyncio.get_running_loop().call_later(
+                self.refill_delay_s, self._delayed_refill)
 
     def names(self) -> set[str]:
         return {m.name for m in self._ready}

@@ -186,6 +186,11 @@ class Runtime:
         self._primed: VmPool[str] = VmPool(
             "primed_pool", cfg.primed_pool_size, self.prime, self._destroy, self._watch,
             refill_delay_s=PRIMED_REFILL_DELAY_S)
+        # ... and VMs primed from the snapshot created from last (a task's start state that
+        # a GRPO group creates or forks from again and again).
+        self._primed_snap: VmPool[str] = VmPool(
+            "primed_snapshot", cfg.primed_snapshot_pool_size, self.prime, self._destroy,
+            self._watch, refill_delay_s=PRIMED_REFILL_DELAY_S)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
         self.hot = hot.HotTier(cfg, self._stop)
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
@@ -216,6 +221,7 @@ class Runtime:
     async def close(self) -> None:
         await self.hot.close()
         await self._primed.close()
+        await self._primed_snap.close()
         await self._pool.close()
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
         self._machines.clear()
@@ -227,6 +233,7 @@ class Runtime:
         (reclaim; benchmarks that must not measure QEMU start-up)."""
         await self._pool.settle()
         await self._primed.settle()
+        await self._primed_snap.settle()
 
     async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         """Reclaim what an earlier node process left behind, in the fixed order of
@@ -238,7 +245,7 @@ class Runtime:
         await self.settle_pool()
         hot_vms = [h.machine for n in self.hot.names() if (h := self.hot.get(n))]
         live = ({m.jail for m in [*self._machines.values(), *hot_vms]} | self._pool.names()
-                | self._primed.names())
+                | self._primed.names() | self._primed_snap.names())
         done = await asyncio.to_thread(
             reclaim_mod.reclaim, self.cfg, self.snapshots, live_vms=live,
             keep_dirs=set(keep) | set(self._machines) | self.hot.names() | live,
@@ -1161,7 +1168,8 @@ class Runtime:
         """With `init_gate`, the /init is pushed in the background under that gate and the
         handle's `ready` is done once it is (a fork child)."""
         try:
-            primed = self._primed.take(snapshot_id)
+            primed = self._primed.take(snapshot_id) or self._primed_snap.take(snapshot_id)
+            self._follow_snapshot(snapshot_id)
             if primed is not None:
                 m = await self._continue_primed(sandbox_id, primed)
             elif self._manifest(snapshot_id).memory:
@@ -1206,6 +1214,16 @@ class Runtime:
         if m.ready is not None:
             with contextlib.suppress(Exception):
                 await m.ready
+
+    def _follow_snapshot(self, snapshot_id: str) -> None:
+        """Prime VMs of a user snapshot a create just used (not a template's, nor a fork's
+        transient one, nor a filesystem-only one): the pool follows the newest."""
+        if snapshot_id.startswith(FORK_PREFIX) or snapshot_id == self._primed.key:
+            return
+        with contextlib.suppress(SnapshotNotFound, SnapshotCorrupt):
+            man = self.snapshots.get(snapshot_id)
+            if man.parent is not None and man.memory:
+                self._primed_snap.retarget(snapshot_id)
 
     def handle(self, name: str, template_id: str) -> SandboxHandle:
         m = self._machines[name]

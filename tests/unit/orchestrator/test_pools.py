@@ -141,3 +141,30 @@ async def test_a_vm_made_for_an_old_key_is_destroyed_and_failures_do_not_break_i
     await pool.settle()
     assert len(pool) == 0 and pool.take("k") is None  # logged, not raised
     await pool.close()
+
+
+async def test_retarget_drops_the_old_keys_vms_and_makes_new_ones_after_the_delay() -> None:
+    mk = Maker()
+    pool = _pool(mk, size=1, delay=0.2)
+    pool.retarget("a")
+    await pool.settle()
+    assert len(pool) == 0  # not while the create that used "a" starts
+    await asyncio.sleep(0.3)
+    await pool.settle()
+    assert len(pool) == 1 and mk.made[-1].key == "a"
+    pool.retarget("a")  # the same key: nothing changes
+    await pool.settle()
+    assert len(mk.made) == 1 and not mk.destroyed
+    pool.retarget("b")
+    await asyncio.sleep(0.01)
+    assert mk.destroyed == ["pool-0"] and pool.take("a") is None and len(pool) == 0
+    await asyncio.sleep(0.3)
+    await pool.settle()
+    vm = pool.take("b")
+    assert vm is not None and vm.key == "b"
+    await pool.close()
+    vm.watcher = None
+    assert not [n for n in mk.destroyed if n == vm.name]
+    sized_zero = _pool(Maker(), size=0)
+    sized_zero.retarget("x")
+    assert sized_zero.key is None  # a disabled pool makes nothing
