@@ -57,7 +57,7 @@ async def timed(coro) -> float:
 
 
 async def main(n: int) -> None:
-    cfg = config_mod.load()
+    cfg = config_mod.load(hot_pause_s=0)  # the restore path (bench/fast.py: the hot tier)
     rt = Runtime(cfg)
     await rt.start()
     res: dict[str, list[float]] = {}

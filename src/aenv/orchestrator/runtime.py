@@ -742,7 +742,7 @@ class Runtime:
         RESUMES.labels("hot").inc()
         handle = self.handle(name, m.template_id)
         m.ready = handle.ready = asyncio.get_running_loop().create_task(
-            self._after_hot_resume(m))
+            self._after_hot_resume(m, init))
         log.debug("resume %s (hot, released=%s): %.1fms", name, h.released,
                   (time.perf_counter() - t0) * 1e3)
         return handle
@@ -754,11 +754,16 @@ class Runtime:
         except OSError as e:  # only a prefetch: the guest faults its pages in anyway
             log.info("prefetch for %s failed: %s", h.machine.name, e)
 
-    async def _after_hot_resume(self, m: Machine) -> None:
+    async def _after_hot_resume(self, m: Machine, init: AgentInit) -> None:
         """The guest's clock is behind by the pause: set it (the agent's /init with only a
-        timestamp keeps identity and token), then record the VM for adoption."""
+        timestamp keeps identity and token), then record the VM for adoption. A resume that
+        brings another token (not the orchestrator's: it keeps the sandbox's) gets the
+        whole /init."""
         t0 = time.perf_counter()
         try:
+            if init.access_token != m.access_token:
+                await self.push_init(m, init)
+                return
             await self._push_clock(m)
             if time.perf_counter() - t0 > CLOCK_RESYNC_S:
                 await self._push_clock(m)
@@ -766,7 +771,7 @@ class Runtime:
             await asyncio.to_thread(adoption.write, m.workdir, self._adoption_record(m))
             log.debug("after hot resume %s: clock=%.1fms record=%.1fms", m.name,
                       (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
-        except (GuestReplyError, OSError, ProcessLookupError) as e:
+        except (GuestReplyError, OSError, ProcessLookupError, BootError) as e:
             log.warning("after the hot resume of %s: %s", m.name, e)
 
     @staticmethod

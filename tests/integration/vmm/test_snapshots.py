@@ -41,18 +41,28 @@ async def test_pause_resume_keeps_processes_memory_and_files(runtime, sandbox_id
         assert before > 0
         pid = h.vmm_pid
         slot = runtime.machines()[sandbox_id].slot
+        # Hot: the stopped VMM and its slot are kept, and continued by the resume.
         await runtime.pause(sandbox_id)
-        assert not Path(f"/proc/{pid}").exists(), "paused sandbox still has a VMM"
-        assert not runtime.slots.holds(slot), "paused sandbox still holds a slot"
-        assert runtime.is_paused(sandbox_id)
-
+        assert runtime.is_paused(sandbox_id) and runtime.tier(sandbox_id) == "hot"
+        assert Path(f"/proc/{pid}").exists() and runtime.slots.holds(slot)
         h = await runtime.resume(sandbox_id, AgentInit(access_token="t2"))
+        assert h.vmm_pid == pid and h.ready is not None
+        await h.ready  # the data plane waits for it: here the test does
         assert await _run(h, "cat /home/user/kept", "t2") == "data\n"
         after = await _counter_passes(h, before, "t2")
+        # Cold: the hot VMM demoted, its state on disk restored into a new one.
+        await runtime.pause(sandbox_id)
+        assert await runtime.hot.demote(sandbox_id, "test")
+        assert runtime.tier(sandbox_id) == "cold"
+        assert not Path(f"/proc/{pid}").exists(), "a cold paused sandbox still has a VMM"
+        assert not runtime.slots.holds(slot), "a cold paused sandbox still holds a slot"
+        h = await runtime.resume(sandbox_id, AgentInit(access_token="t3"))
+        after = await _counter_passes(h, after, "t3")
         # pause/resume again: cost does not depend on history
         await runtime.pause(sandbox_id)
-        h = await runtime.resume(sandbox_id, AgentInit(access_token="t3"))
-        assert int(await _run(h, "cat /tmp/counter", "t3")) >= after
+        await runtime.hot.demote(sandbox_id, "test")
+        h = await runtime.resume(sandbox_id, AgentInit(access_token="t4"))
+        assert int(await _run(h, "cat /tmp/counter", "t4")) >= after
     finally:
         await runtime.destroy(sandbox_id)
     assert not (runtime.cfg.sandboxes_dir / sandbox_id).exists()
@@ -66,6 +76,8 @@ async def test_fork_children_share_parent_state_then_diverge(runtime, sandbox_id
         results = await runtime.fork(sandbox_id, [(k, AgentInit(env_vars={"KID": k}))
                                                   for k in kids])
         assert all(not isinstance(r, BaseException) for r in results), results
+        # Children take their /init behind the call; the data plane waits for it.
+        await asyncio.gather(*(r.ready for r in results if r.ready is not None))
         outs = []
         for k, child in zip(kids, results, strict=True):
             assert child.sandbox_id == k
