@@ -38,8 +38,9 @@ import httpx
 from node import Node, pct  # bench/node.py: the server launcher
 
 from aenv import config as config_mod
-from aenv.orchestrator.runtime import Runtime
-from aenv.orchestrator.runtime_api import AgentInit
+from aenv.machines.api import AgentInit
+from aenv.machines.runtime import Runtime
+from aenv.orchestrator.reclaim import reclaim_runtime
 
 PRIMED = re.compile(r'^aenv_pooled_vms\{kind="primed_pool"\} [1-9]', re.M)
 STAGE = re.compile(r"event=stage op=(\w+) stage=(\w+) .*ms=([\d.]+) outcome=ok")
@@ -152,7 +153,7 @@ async def raw_bench(n: int, snapshot: str, res: dict[str, list[float]]) -> None:
                 await asyncio.sleep(0.3)  # the pool refills in the background
     finally:
         await rt.close()
-        await rt.reclaim()
+        await reclaim_runtime(rt)
         with contextlib.suppress(OSError):  # its instance directory, empty by now
             cfg.sandboxes_dir.rmdir()
 

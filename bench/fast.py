@@ -49,8 +49,9 @@ import httpx
 from node import DATA_DIR, Node, pct  # bench/node.py: the server launcher
 
 from aenv import config as config_mod
-from aenv.orchestrator.runtime import AGENT_PORT, Runtime
-from aenv.orchestrator.runtime_api import AgentInit
+from aenv.machines.api import AgentInit
+from aenv.machines.runtime import AGENT_PORT, Runtime
+from aenv.orchestrator.reclaim import reclaim_runtime
 from aenv.vmm import memory
 from tests.support import envd_client
 
@@ -244,7 +245,7 @@ async def raw_rows(n: int, res: Rows) -> None:
             await asyncio.gather(*(rt.destroy(k) for k in kids))
     finally:
         await rt.close()
-        await rt.reclaim()
+        await reclaim_runtime(rt)
         with contextlib.suppress(OSError):
             cfg.sandboxes_dir.rmdir()
 

@@ -14,8 +14,9 @@ import uuid
 from pathlib import Path
 
 from aenv import config as config_mod
-from aenv.orchestrator.runtime import Runtime, kernel_cmdline
-from aenv.orchestrator.runtime_api import AgentInit
+from aenv.machines.api import AgentInit
+from aenv.machines.machine import kernel_cmdline
+from aenv.machines.runtime import Runtime
 from aenv.storage.tools import ensure_tools
 
 

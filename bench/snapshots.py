@@ -29,8 +29,8 @@ import uuid
 import httpx
 
 from aenv import config as config_mod
-from aenv.orchestrator.runtime import AGENT_PORT, Runtime
-from aenv.orchestrator.runtime_api import AgentInit
+from aenv.machines.api import AgentInit
+from aenv.machines.runtime import AGENT_PORT, Runtime
 from aenv.storage import checksums
 from aenv.storage.snapshots import FILES, SnapshotStore, check_restorable
 from aenv.storage.templates import TemplateCatalog

@@ -33,8 +33,8 @@ START_DEADLINE_S = 90
 
 
 def _runtime_missing() -> str | None:
-    if importlib.util.find_spec("aenv.orchestrator.runtime") is None:
-        return "the VM runtime (aenv.orchestrator.runtime) does not exist yet"
+    if importlib.util.find_spec("aenv.machines.runtime") is None:
+        return "the VM runtime (aenv.machines.runtime) does not exist yet"
     if os.geteuid() != 0:
         return "booting microVMs needs root"
     return None

@@ -1,4 +1,4 @@
-"""The hot pause tier (orchestrator/hot.py) with real VMs and the unmodified SDK: a pause
+"""The hot pause tier (machines/hot.py) with real VMs and the unmodified SDK: a pause
 keeps the stopped VMM, a resume continues it; hot becomes cold by age, beyond the hot budget,
 when a create needs the memory, when its VMM dies, at shutdown and across a kill -9 of the
 node. Processes, memory and files survive every path, and nothing is left behind."""

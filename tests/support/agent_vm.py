@@ -3,7 +3,7 @@ hand back its URL: for the agent benchmark and VM-only checks.
 
     python -m tests.support.agent_vm bench [--n 20]
 
-Uses the node runtime (aenv.orchestrator.runtime) cold-boot path with the default
+Uses the node runtime (aenv.machines.runtime) cold-boot path with the default
 template's rootfs, so no template snapshot is involved and the agent is the working tree's.
 """
 
@@ -26,8 +26,9 @@ from pathlib import Path
 async def booted_agent() -> AsyncIterator[tuple[str, str, float]]:
     """(agent URL, access token, seconds from QEMU start to agent ready)."""
     from aenv import config as config_mod
-    from aenv.orchestrator.runtime import Runtime, kernel_cmdline
-    from aenv.orchestrator.runtime_api import AGENT_PORT, AgentInit
+    from aenv.machines.api import AGENT_PORT, AgentInit
+    from aenv.machines.machine import kernel_cmdline
+    from aenv.machines.runtime import Runtime
     from aenv.storage.tools import ensure_tools
 
     cfg = config_mod.load()

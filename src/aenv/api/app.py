@@ -23,8 +23,8 @@ from aenv.api.proxy import DataPlaneProxy, send_json
 from aenv.config import Config
 from aenv.images.builds import Builds
 from aenv.images.context import ContextStore
+from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
-from aenv.orchestrator.runtime_api import Runtime
 from aenv.orchestrator.service import Orchestrator
 
 log = logging.getLogger("aenv.api")

@@ -15,6 +15,7 @@ from pathlib import Path
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader
 
+from aenv.api.apierror import ApiError
 from aenv.config import Config
 
 log = logging.getLogger("aenv.api")
@@ -59,6 +60,4 @@ def key_ok(request: Request) -> bool:
 
 async def require_api_key(request: Request, _key: str | None = Security(_scheme)) -> None:
     if not key_ok(request):
-        from aenv.api.errors import ApiError
-
         raise ApiError(401, "Invalid API key")

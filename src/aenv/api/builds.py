@@ -9,13 +9,13 @@ import re
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key
-from aenv.api.errors import ApiError
 from aenv.api.models import Error
 from aenv.images.builds import Build, BuildNotFound, Builds
 from aenv.images.context import ContextError
 from aenv.images.steps import BuildSpec, StepError
-from aenv.orchestrator.runtime_api import TemplateNotFound
+from aenv.machines.api import TemplateNotFound
 
 router = APIRouter(
     dependencies=[Depends(require_api_key)],

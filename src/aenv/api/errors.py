@@ -11,19 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aenv.api.apierror import ApiError
 from aenv.api.auth import key_ok
+from aenv.machines.api import RuntimeError_
 from aenv.orchestrator.errors import CapacityExhausted, OrchestratorError
-from aenv.orchestrator.runtime_api import RuntimeError_
 
 log = logging.getLogger("aenv.api")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers
 
 
 def error_response(

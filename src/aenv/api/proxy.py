@@ -41,9 +41,9 @@ from urllib.parse import parse_qs
 
 from aenv.api import websocket as ws
 from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool
-from aenv.orchestrator.obs import PROXY_OPEN, PROXY_REQUESTS
+from aenv.machines.api import AGENT_PORT
+from aenv.obs import PROXY_OPEN, PROXY_REQUESTS
 from aenv.orchestrator.routes import Route, RouteTable
-from aenv.orchestrator.runtime_api import AGENT_PORT
 
 log = logging.getLogger("aenv.proxy")
 

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from aenv.api import query
+from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key
-from aenv.api.errors import ApiError
 from aenv.api.models import (
     ConnectSandbox,
     Error,

@@ -21,7 +21,7 @@ import uvicorn
 
 from aenv.api.app import Node
 from aenv.config import Config
-from aenv.orchestrator.obs import configure_logging, log_event
+from aenv.obs import configure_logging, log_event
 
 log = logging.getLogger("aenv.server")
 

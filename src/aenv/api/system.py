@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from aenv.api.models import Health
-from aenv.orchestrator.obs import SANDBOXES
+from aenv.obs import SANDBOXES
 from aenv.orchestrator.states import SandboxState
 
 router = APIRouter()

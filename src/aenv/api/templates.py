@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 
 from aenv.api.auth import require_api_key
 from aenv.api.models import Error, Template, TemplateAlias
-from aenv.orchestrator.runtime_api import TemplateInfo, TemplateNotFound
+from aenv.machines.api import TemplateInfo, TemplateNotFound
 from aenv.orchestrator.service import Orchestrator
 
 router = APIRouter(

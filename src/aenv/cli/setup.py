@@ -12,8 +12,9 @@ import typer
 
 from aenv import config as config_mod
 from aenv.cli.output import build_progress
+from aenv.machines.runtime import Runtime
 from aenv.orchestrator.builder import BuildError, build_template
-from aenv.orchestrator.runtime import Runtime
+from aenv.orchestrator.reclaim import reclaim_runtime
 from aenv.storage.datafs import DataFsError
 from aenv.storage.kernel import KernelBuildError
 from aenv.storage.rootfs import RootfsError
@@ -26,7 +27,7 @@ async def _setup(templates: list[str], force: bool) -> None:
     say, stop = build_progress()  # a spinner on a terminal, timestamped lines otherwise
     await rt.start()
     try:
-        await rt.reclaim()
+        await reclaim_runtime(rt)
         for spec in templates:
             name, _, recipe = spec.partition("=")
             await build_template(rt, name, recipe or ("debian" if name == "base" else name),

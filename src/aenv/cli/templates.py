@@ -235,8 +235,8 @@ async def _in_runtime(cfg: Any, shape: Any, name: str,
                       say: Callable[[str], None]) -> Any:
     from aenv.images.reference import BadReference
     from aenv.images.registry import RegistryError
+    from aenv.machines.runtime import Runtime
     from aenv.orchestrator.builder import BuildError
-    from aenv.orchestrator.runtime import Runtime
     from aenv.storage.datafs import DataFsError
     from aenv.storage.kernel import KernelBuildError
     from aenv.storage.rootfs import RootfsError

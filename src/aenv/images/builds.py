@@ -133,7 +133,7 @@ class Builds:
 
     def template(self, name: str) -> Any:
         """The catalog entry of `name`, with an E2B build id (a UUID) it keeps."""
-        from aenv.orchestrator.runtime_api import TemplateNotFound
+        from aenv.machines.api import TemplateNotFound
         from aenv.storage.templates import TemplateMissing
 
         try:
@@ -145,7 +145,7 @@ class Builds:
         return t
 
     def tag(self, name: str, tag: str | None, tags: list[str]) -> Any:
-        from aenv.orchestrator.runtime_api import TemplateNotFound
+        from aenv.machines.api import TemplateNotFound
 
         t = self.template(name)
         if tag and tag not in t.tags and tag != "default":
@@ -268,7 +268,7 @@ class Builds:
         return t.name, StepState(dict(t.env), "user", "/home/user")
 
     async def _build(self, b: Build, spec: BuildSpec, vm: str) -> Any:
-        from aenv.orchestrator.runtime_api import AgentInit
+        from aenv.machines.api import AgentInit
         from aenv.storage.templates import Template
 
         self._log(b, f"Building template {b.template_id} ({b.build_id})")

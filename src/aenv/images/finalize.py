@@ -51,7 +51,7 @@ async def with_start_cmd(rt: Any, template: Any, start_cmd: str, ready_cmd: str 
                          say: Callable[[str], None]) -> Any:
     """`template` (a catalog entry) snapshotted again with `start_cmd` running; the snapshot
     it had goes (sandboxes made from it keep their reflinked files)."""
-    from aenv.orchestrator.runtime_api import AgentInit
+    from aenv.machines.api import AgentInit
 
     state = StepState(dict(template.env), template.user or "user",
                       template.workdir or "/home/user")  # fmt: skip

@@ -116,7 +116,7 @@ async def snapshot_on(rt: Any, lower: Lower, image: CachedImage, cache: ImageCac
                       name: str, progress: Callable[[str], None]) -> tuple[str, str | None]:
     """Apply `image`'s extra layers in a VM of `lower` and snapshot it for template `name`:
     (the snapshot id, the account the image's User names)."""
-    from aenv.orchestrator.runtime_api import AgentInit
+    from aenv.machines.api import AgentInit
 
     token, vm = secrets.token_hex(16), f"build-{secrets.token_hex(4)}"
     handle = await rt.create(vm, lower.template.name, AgentInit(

@@ -60,8 +60,8 @@ async def template_from_image(rt: object, image: str, name: str | None,
                               force: bool = False, ready_cmd: str | None = None) -> Template:
     """Pull `image` and build template `name` from it. `rt` is the node's Runtime. With
     `start_cmd`, the template is snapshotted with it running (`finalize`)."""
+    from aenv.machines.runtime import Runtime
     from aenv.orchestrator.builder import build_template
-    from aenv.orchestrator.runtime import Runtime
 
     assert isinstance(rt, Runtime)
     cfg = rt.cfg

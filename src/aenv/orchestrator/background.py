@@ -6,17 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from aenv.machines.api import VmmExit
+from aenv.obs import log_event
 from aenv.orchestrator.errors import NotFound, StateConflict
-from aenv.orchestrator.obs import log_event
-from aenv.orchestrator.runtime_api import VmmExit
+from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import SandboxState
 from aenv.storage.checksums import Pacer
 from aenv.storage.snapshots import SnapshotCorrupt, SnapshotNotFound, SnapshotStore, Verification
-
-if TYPE_CHECKING:
-    from aenv.orchestrator.service import Orchestrator
 
 log = logging.getLogger("aenv.orchestrator")
 
@@ -32,7 +29,7 @@ VMM_EXIT_RECHECK_S = 0.2
 MIB = 1 << 20
 
 
-async def ttl_sweeper(orch: Orchestrator) -> None:
+async def ttl_sweeper(orch: Node) -> None:
     """Every `ttl_sweep_interval_s`, kill each Running sandbox whose endAt has passed."""
     interval = orch.config.ttl_sweep_interval_s
     while True:
@@ -48,14 +45,14 @@ async def ttl_sweeper(orch: Orchestrator) -> None:
             log.exception("ttl.sweep_failed")
 
 
-async def _expire(orch: Orchestrator, sandbox_id: str) -> None:
+async def _expire(orch: Node, sandbox_id: str) -> None:
     try:
         await orch.expire(sandbox_id)
     except Exception:
         log.exception("ttl.expire_failed", extra={"kv": {"sandbox_id": sandbox_id}})
 
 
-async def reap_dead_vmm(orch: Orchestrator, sandbox_id: str, how: VmmExit) -> None:
+async def reap_dead_vmm(orch: Node, sandbox_id: str, how: VmmExit) -> None:
     """Remove a sandbox whose VMM exited on its own, as a kill does (`orch.remove_dead`).
     It never queues on the sandbox's lock: an operation in flight (kill, pause, snapshot,
     fork, a create or resume failing on the dead VM) finishes first and decides, then the
@@ -78,7 +75,7 @@ async def reap_dead_vmm(orch: Orchestrator, sandbox_id: str, how: VmmExit) -> No
         log.exception("sandbox.remove_dead_failed", extra={"kv": {"sandbox_id": sandbox_id}})
 
 
-async def metrics_sampler(orch: Orchestrator) -> None:
+async def metrics_sampler(orch: Node) -> None:
     """Every `metrics_interval_s`, sample each running sandbox's agent /metrics."""
     interval = orch.config.metrics_interval_s
     while True:
@@ -94,13 +91,13 @@ async def metrics_sampler(orch: Orchestrator) -> None:
             log_event(log, "metrics.sampled", logging.DEBUG, sandboxes=len(ids))
 
 
-def _snapshot_store(orch: Orchestrator) -> SnapshotStore | None:
+def _snapshot_store(orch: Node) -> SnapshotStore | None:
     """The runtime's snapshot repository (the fake runtime has none: nothing to hash)."""
     store = getattr(orch.runtime, "snapshots", None)
     return store if isinstance(store, SnapshotStore) else None
 
 
-async def snapshot_checksums(orch: Orchestrator) -> None:
+async def snapshot_checksums(orch: Node) -> None:
     """Compute each new snapshot's chunk checksums after the call that took it returned
     (never on the snapshot, pause or resume path); at start, those of snapshots that lack
     theirs (built before checksums existed, by the CLI, or the node stopped mid-hash).
@@ -134,7 +131,7 @@ async def snapshot_checksums(orch: Orchestrator) -> None:
         pacer.stop.set()  # a hashing thread still running stops at its next chunk
 
 
-async def scrubber(orch: Orchestrator) -> None:
+async def scrubber(orch: Node) -> None:
     """Every `scrub_interval_s` (0: never), re-verify every stored snapshot's chunks at no
     more than `scrub_rate_mib_s`; a mismatch marks the snapshot unusable."""
     store = _snapshot_store(orch)

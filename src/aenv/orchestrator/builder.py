@@ -20,7 +20,8 @@ from pathlib import Path
 
 from aenv.config import Config, MachineShape
 from aenv.guest.agent.version import ENVD_VERSION
-from aenv.orchestrator.runtime import Runtime, kernel_cmdline
+from aenv.machines.machine import kernel_cmdline
+from aenv.machines.runtime import Runtime
 from aenv.storage import rootfs
 from aenv.storage.kernel import ensure_kernel
 from aenv.storage.snapshots import Manifest, SnapshotNotFound, now_rfc3339

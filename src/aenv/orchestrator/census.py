@@ -519,7 +519,7 @@ def _vm_explained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, Sandbo
     st = recs.get(inst, {}).get(sid)
     if st in MAY_HAVE_VMM:
         return True
-    # A running node keeps hot-paused sandboxes' stopped VMMs (orchestrator/hot.py); a dead
+    # A running node keeps hot-paused sandboxes' stopped VMMs (machines/hot.py); a dead
     # node's are leaks (the next node start reclaims them).
     return inst in alive and (st is S.PAUSED or owner.startswith(UNRECORDED_VMS))
 

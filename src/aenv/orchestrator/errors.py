@@ -9,7 +9,7 @@
     ├── SpaceExhausted                (507) the data filesystem lacks room for the reserve
     └── ShuttingDown                  (503) the node stopped accepting work
 
-Runtime failures (`aenv.orchestrator.runtime_api.RuntimeError_` and subclasses) pass through
+Runtime failures (`aenv.machines.api.RuntimeError_` and subclasses) pass through
 unchanged; they carry their own `status`, and some an E2B `error_code` for the body (e.g.
 `runtime.UnusableSnapshot`: 409 "snapshot_corrupt", a restore refused by an integrity check).
 """

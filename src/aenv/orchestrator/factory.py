@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aenv.config import Config
-from aenv.orchestrator.runtime_api import Runtime
+from aenv.machines.api import Runtime
 
 
 class RuntimeUnavailable(Exception):
@@ -16,12 +16,12 @@ def make_runtime(config: Config) -> Runtime:
 
         return FakeRuntime()
     try:
-        from aenv.orchestrator.runtime import Runtime as QemuRuntime
+        from aenv.machines.runtime import Runtime as QemuRuntime
     except ImportError as e:
-        if e.name != "aenv.orchestrator.runtime":
+        if e.name != "aenv.machines.runtime":
             raise
         raise RuntimeUnavailable(
-            "the QEMU runtime (aenv.orchestrator.runtime) is not installed in this build; "
+            "the QEMU runtime (aenv.machines.runtime) is not installed in this build; "
             "set AENV_RUNTIME=fake to serve the API without VMs"
         ) from e
     return QemuRuntime(config)

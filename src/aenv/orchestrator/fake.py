@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime
 
 from aenv.config import MachineShape
-from aenv.orchestrator.runtime_api import (
+from aenv.machines.api import (
     AgentInit,
     GuestUnresponsive,
     RuntimeError_,

@@ -11,6 +11,7 @@ agree on what aenv owns.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -21,11 +22,15 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aenv.config import Config
+
+if TYPE_CHECKING:
+    from aenv.machines.runtime import Runtime
 from aenv.network import pool as slot_pool
+from aenv.obs import log_event
 from aenv.orchestrator.census import FORK_PREFIX, census
-from aenv.orchestrator.obs import log_event
 from aenv.storage.files import remove_tree
 from aenv.storage.snapshots import SnapshotNotFound, SnapshotStore
 from aenv.vmm.cgroup import Cgroup
@@ -129,3 +134,16 @@ def _files(vm_root: Path, snapshots: SnapshotStore, keep: set[str]) -> list[str]
                 snapshots.delete(snap)
             out.append(f"snapshot:{snap}")
     return out
+
+
+async def reclaim_runtime(rt: Runtime, keep: Iterable[str] = ()) -> list[str]:
+    """Reclaim what an earlier node process left behind, in the fixed order of `STEPS`:
+    everything of the runtime's instance but the VMs it runs (adopted and hot ones, its
+    pools), its slots, and the directories of the sandboxes named in `keep`."""
+    t0 = time.perf_counter()
+    await rt.settle_pool()  # its pools start filling at start: let those count as live
+    done = await asyncio.to_thread(
+        reclaim, rt.cfg, rt.snapshots, live_vms=rt.live_vms(),
+        keep_dirs=set(keep) | rt.kept_dirs(), keep_slots=rt.slots.owned(),
+        pool_wait_ms=(time.perf_counter() - t0) * 1000)
+    return done.items

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aenv.orchestrator.runtime_api import SandboxHandle
+from aenv.machines.api import SandboxHandle
 
 
 class Stream(Protocol):

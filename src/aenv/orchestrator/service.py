@@ -23,10 +23,20 @@ import pydantic
 from aenv import faults
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
+from aenv.machines.agent_replies import AgentMetrics
+from aenv.machines.api import (
+    AgentInit,
+    Runtime,
+    SandboxHandle,
+    SnapshotInfo,
+    TemplateInfo,
+    TemplateNotFound,
+    VmmExit,
+)
 from aenv.network.egress import EgressPolicy, EgressPolicyError
+from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
 from aenv.orchestrator import background, recovery, space
 from aenv.orchestrator import snapshots as snaps
-from aenv.orchestrator.agent_replies import AgentMetrics
 from aenv.orchestrator.errors import (
     CapacityExhausted,
     InvalidRequest,
@@ -37,17 +47,7 @@ from aenv.orchestrator.errors import (
     Unsupported,
 )
 from aenv.orchestrator.locks import Joiner, SandboxLocks
-from aenv.orchestrator.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
 from aenv.orchestrator.routes import Route, RouteTable
-from aenv.orchestrator.runtime_api import (
-    AgentInit,
-    Runtime,
-    SandboxHandle,
-    SnapshotInfo,
-    TemplateInfo,
-    TemplateNotFound,
-    VmmExit,
-)
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 

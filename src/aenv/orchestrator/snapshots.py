@@ -9,8 +9,8 @@ import secrets
 from collections.abc import Iterable
 from datetime import datetime
 
+from aenv.machines.api import SnapshotInfo, TemplateNotFound
 from aenv.orchestrator.errors import InvalidRequest
-from aenv.orchestrator.runtime_api import SnapshotInfo, TemplateNotFound
 
 # E2B names look like `my-snapshot`, `team/my-snapshot` or `my-snapshot:v1`.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")

@@ -73,7 +73,7 @@ def is_legal(src: SandboxState, dst: SandboxState | str) -> bool:
 # "paused" = Paused if the runtime finds complete paused state on disk (`is_paused`), else as
 # "adopt". A pause writes its manifest last and a resume deletes it before the guest runs
 # again, so complete paused state is always consistent; a VMM still alive beside it is killed.
-# That includes a hot-paused sandbox's kept VMM (orchestrator/hot.py): it is reclaimed, not
+# That includes a hot-paused sandbox's kept VMM (machines/hot.py): it is reclaimed, not
 # re-adopted, and the sandbox resumes cold from its state on disk, which a hot pause wrote
 # as completely as a cold one.
 # "remove" = removed, its VM (if any) killed.

@@ -24,7 +24,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def vm_sbx() -> Iterator[tuple[object, str, str]]:
-    pytest.importorskip("aenv.orchestrator.runtime")
+    pytest.importorskip("aenv.machines.runtime")
     from e2b import Sandbox
 
     from aenv.guest.agent.version import ENVD_VERSION

@@ -37,12 +37,12 @@ import pytest
 from pyroute2 import IPRoute
 
 from aenv import config as config_mod
+from aenv.machines.api import AGENT_PORT, AgentInit, SandboxHandle
+from aenv.machines.runtime import Runtime
 from aenv.network import GATEWAY_ADDR, TAP_MAC, EgressPolicy
 from aenv.network import netns as ns
 from aenv.network.egress import host_local_networks
 from aenv.network.slot import Slot
-from aenv.orchestrator.runtime import Runtime
-from aenv.orchestrator.runtime_api import AGENT_PORT, AgentInit, SandboxHandle
 from tests.support import envd_client
 from tests.support.internet import (
     Internet,

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from aenv import config as config_mod
+from aenv.machines.runtime import Runtime
 from aenv.orchestrator.builder import build_template
-from aenv.orchestrator.runtime import Runtime
 from aenv.storage.templates import TemplateMissing
 from tests.support import census
 

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from aenv.machines.api import AgentInit, TemplateNotFound
 from aenv.orchestrator.builder import BuildError, kernel_path
-from aenv.orchestrator.runtime_api import AgentInit, TemplateNotFound
 from aenv.storage.templates import Template
 from aenv.vmm.base import Accel, VmmError
 from aenv.vmm.qemu import QemuDriver

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aenv.orchestrator.runtime_api import AgentInit
+from aenv.machines.api import AgentInit
 from aenv.vmm.qemu import CONSOLE_RING_BYTES
 from tests.support import envd_client
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from aenv.orchestrator.runtime_api import AgentInit
+from aenv.machines.api import AgentInit
 from aenv.storage.files import remove_tree
 from aenv.vmm import jail
 from aenv.vmm.cgroup import Limits

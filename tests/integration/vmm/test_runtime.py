@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aenv.orchestrator.runtime_api import AgentInit, TemplateNotFound
+from aenv.machines.api import AgentInit, TemplateNotFound
 from tests.support import envd_client
 
 pytestmark = pytest.mark.vm

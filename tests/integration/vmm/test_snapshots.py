@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aenv.orchestrator.runtime_api import AgentInit
+from aenv.machines.api import AgentInit
 from tests.support import envd_client
 
 pytestmark = pytest.mark.vm

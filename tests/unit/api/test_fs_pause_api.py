@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from aenv.api.app import Node
+from aenv.machines.api import RuntimeError_
 from aenv.orchestrator.fake import FakeRuntime
-from aenv.orchestrator.runtime_api import RuntimeError_
 
 from .conftest import KEY, make_config
 from .test_control_plane import assert_error, create

@@ -25,17 +25,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aenv.config import MachineShape
-from aenv.network.slot import Slot
-from aenv.orchestrator import agent_replies
-from aenv.orchestrator import runtime as runtime_mod
-from aenv.orchestrator.agent_replies import (
+from aenv.machines import agent_replies
+from aenv.machines import runtime as runtime_mod
+from aenv.machines.agent_replies import (
     MAX_REPLY_BYTES,
     MAX_REPORTED_BYTES,
     AgentReply,
     GuestReplyError,
 )
-from aenv.orchestrator.runtime import AGENT_METRICS_TIMEOUT, BootError, Machine, Runtime
-from aenv.orchestrator.runtime_api import AGENT_PORT, AgentInit, SandboxHandle
+from aenv.machines.api import AGENT_PORT, AgentInit, SandboxHandle
+from aenv.machines.machine import AGENT_METRICS_TIMEOUT, BootError, Machine
+from aenv.machines.runtime import Runtime
+from aenv.network.slot import Slot
 from aenv.orchestrator.service import _metric_from_agent
 
 from .conftest import make_config

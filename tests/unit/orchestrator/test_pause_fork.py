@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from aenv.machines.api import RuntimeError_, TemplateNotFound
 from aenv.orchestrator.errors import (
     CapacityExhausted,
     InvalidRequest,
@@ -17,7 +18,6 @@ from aenv.orchestrator.errors import (
     Unsupported,
 )
 from aenv.orchestrator.fake import FakeRuntime
-from aenv.orchestrator.runtime_api import RuntimeError_, TemplateNotFound
 from aenv.orchestrator.service import CreateRequest, Orchestrator
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import SandboxRecord

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from aenv.config import Config
+from aenv.machines.api import CapacityExceeded, TemplateNotFound
 from aenv.orchestrator.errors import (
     CapacityExhausted,
     InvalidRequest,
@@ -15,7 +16,6 @@ from aenv.orchestrator.errors import (
     StateConflict,
 )
 from aenv.orchestrator.fake import FakeRuntime
-from aenv.orchestrator.runtime_api import CapacityExceeded, TemplateNotFound
 from aenv.orchestrator.service import ID_ALPHABET, CreateRequest, Orchestrator
 from aenv.orchestrator.states import SandboxState
 

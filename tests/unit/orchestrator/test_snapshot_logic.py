@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from aenv.config import MachineShape
+from aenv.machines.api import SnapshotInfo, TemplateNotFound
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator import space
 from aenv.orchestrator.errors import InvalidRequest
-from aenv.orchestrator.runtime_api import SnapshotInfo, TemplateNotFound
 
 
 def snap(i: int, parent: str = "p", names: tuple[str, ...] = (), ts: str | None = None

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from aenv.machines.api import SandboxHandle, VmmExit
+from aenv.obs import OPS_TOTAL
 from aenv.orchestrator.errors import NotFound
 from aenv.orchestrator.fake import FakeRuntime
-from aenv.orchestrator.obs import OPS_TOTAL
-from aenv.orchestrator.runtime_api import SandboxHandle, VmmExit
 from aenv.orchestrator.service import CreateRequest, Orchestrator
 from aenv.orchestrator.states import PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery

@@ -1,6 +1,6 @@
 """What the orchestrator needs from the node runtime (VMs + slots + disks).
 
-`aenv.orchestrator.runtime.Runtime` implements this against real QEMU VMs. The API and
+`aenv.machines.runtime.Runtime` implements this against real QEMU VMs. The API and
 state machine depend only on this protocol.
 """
 

@@ -23,11 +23,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from aenv.orchestrator.obs import POOLED_VMS, VMM_EXITS
+from aenv.obs import POOLED_VMS, VMM_EXITS
 
 if TYPE_CHECKING:
-    from aenv.orchestrator.runtime import Machine
-    from aenv.orchestrator.runtime_api import VmmExit
+    from aenv.machines.api import VmmExit
+    from aenv.machines.machine import Machine
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import struct
 
 import httpx
 
-from aenv.orchestrator import agent_replies
-from aenv.orchestrator.agent_replies import GuestReplyError
-from aenv.orchestrator.runtime_api import GuestUnresponsive
+from aenv.machines import agent_replies
+from aenv.machines.agent_replies import GuestReplyError
+from aenv.machines.api import GuestUnresponsive
 
 # The tools drive is mounted at /.aenv in every guest (init-stage2.sh).
 SYNC_ARGV = ("/.aenv/bin/busybox", "sync")

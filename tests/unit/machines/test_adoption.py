@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aenv.config import MachineShape
-from aenv.orchestrator import adoption
+from aenv.machines import adoption
 from aenv.vmm.jail import UNKNOWN_STATUS, AdoptedProcess, JailIdentity, start_time
 
 

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aenv.config import Config
-from aenv.orchestrator.obs import HOT_DEMOTIONS, HOT_RSS, HOT_VMS, log_event
+from aenv.obs import HOT_DEMOTIONS, HOT_RSS, HOT_VMS, log_event
 from aenv.vmm import memory
 
 if TYPE_CHECKING:
-    from aenv.orchestrator.runtime import Machine
+    from aenv.machines.machine import Machine
 
 log = logging.getLogger(__name__)
 

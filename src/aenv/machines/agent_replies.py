@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from aenv.orchestrator.runtime_api import RuntimeError_
+from aenv.machines.api import RuntimeError_
 
 # Agent replies the node reads are small JSON documents (/metrics is ~200 bytes).
 MAX_REPLY_BYTES = 64 * 1024

@@ -10,8 +10,8 @@ import struct
 import httpx
 import pytest
 
-from aenv.orchestrator import guest_flush
-from aenv.orchestrator.runtime_api import GuestUnresponsive
+from aenv.machines import guest_flush
+from aenv.machines.api import GuestUnresponsive
 
 
 def _env(msg: dict, flags: int = 0) -> bytes:

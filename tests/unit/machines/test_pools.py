@@ -1,4 +1,4 @@
-"""The pool bookkeeping (`orchestrator/pools.py`) with stand-in VMs: what it keeps ready,
+"""The pool bookkeeping (`machines/pools.py`) with stand-in VMs: what it keeps ready,
 what a take returns, when it refills, what it does with a VM that dies pooled or is made
 after the key changed, and that close ends everything. Real pooled VMs are exercised by the
 e2e tests (test_primed.py, test_vmm_exit.py)."""
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from aenv.orchestrator.pools import VmPool
-from aenv.orchestrator.runtime_api import VmmExit
+from aenv.machines.api import VmmExit
+from aenv.machines.pools import VmPool
 
 
 @dataclass
