@@ -159,6 +159,9 @@ def test_pause_exec_resume(fake_node: Node, two: list[str]) -> None:
     assert (p.returncode, p.stdout.strip()) == (0, sid), p.stderr
     paused = json.loads(fake_node.cli("ls", "--state", "paused").stdout)
     assert sid in [s["sandboxID"] for s in paused]
+    assert [s["pauseTier"] for s in paused if s["sandboxID"] == sid] == ["cold"]
+    row = [ln for ln in fake_node.cli("ls", "--table").stdout.splitlines() if sid in ln]
+    assert len(row) == 1 and "paused (cold)" in row[0], row  # the fake runtime has no hot tier
     assert fake_node.cli("pause", sid).returncode == 0  # already paused: fine
 
     p = fake_node.cli("exec", sid, "--", "true")
