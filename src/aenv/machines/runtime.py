@@ -17,7 +17,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 
 from aenv.config import Config, MachineShape
@@ -73,8 +73,13 @@ from aenv.vmm.qemu import QemuDriver
 log = logging.getLogger(__name__)
 
 class Runtime(Pausing, Cloning, Adopting):
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config,
+                 reclaimer: Callable[[Runtime, set[str]], Awaitable[list[str]]] | None = None
+                 ) -> None:  # fmt: skip
         self.cfg = cfg
+        # What ends an earlier node process's leftovers (the orchestrator's reclaim_runtime,
+        # given by its factory: this plane does not import the orchestrator).
+        self._reclaimer = reclaimer
         self.driver = QemuDriver(
             binary=cfg.qemu_binary, accel=cfg.accel, probe_kernel=cfg.kernel_path,
             cache_dir=cfg.artifacts_dir, memory_overhead_mib=cfg.jail_memory_overhead_mib,
@@ -144,6 +149,11 @@ class Runtime(Pausing, Cloning, Adopting):
         await self._pool.settle()
         await self._primed.settle()
         await self._primed_snap.settle()
+
+    async def reclaim(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+        """Recovery's extension point (`orchestrator.recovery`): everything of this instance
+        but what this process runs and the directories of the sandboxes in `keep`."""
+        return [] if self._reclaimer is None else await self._reclaimer(self, set(keep))
 
     def live_vms(self) -> set[str]:
         """Jail names of every VM this process runs: sandboxes (adopted ones too), hot

@@ -24,4 +24,6 @@ def make_runtime(config: Config) -> Runtime:
             "the QEMU runtime (aenv.machines.runtime) is not installed in this build; "
             "set AENV_RUNTIME=fake to serve the API without VMs"
         ) from e
-    return QemuRuntime(config)
+    from aenv.orchestrator.reclaim import reclaim_runtime
+
+    return QemuRuntime(config, reclaimer=reclaim_runtime)

@@ -11,11 +11,14 @@ which re-attaches to those VMs that still run and answer (the QEMU runtime: its 
 record, process identity, slot, QMP `query-status` and agent `/health`; a guest a save left
 stopped continues). The handles it returns become Running with their routes; the others are
 removed. Without `adopt`, no VM survives a restart. Creating and Killing records are removed
-(their clients got no id, or asked for the kill). Then, for a Runtime with host resources
-(`live_vms`, `kept_dirs`: the QEMU one), `reclaim.reclaim_runtime` ends every VM, jail, slot
-and directory an earlier node process left behind (old warm-pool VMs and hot VMMs included)
-except those of the sandboxes that keep a record (adopted, or paused: their state is on
-disk). The full table is in docs/architecture.md.
+(their clients got no id, or asked for the kill). Then, if the Runtime offers
+
+    async def reclaim(self, keep: set[str]) -> list[str]
+
+(the QEMU one: `reclaim.reclaim_runtime`, given to it by the factory) it is asked to end every
+VM, jail, slot and directory an earlier node process left behind (old warm-pool VMs and hot
+VMMs included) except those of the sandboxes that keep a record (adopted, or paused: their
+state is on disk). The full table is in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import time
 from aenv.machines.api import SandboxHandle
 from aenv.obs import log_event
 from aenv.orchestrator.node import Node
-from aenv.orchestrator.reclaim import reclaim_runtime
 from aenv.orchestrator.states import RECOVERY, SandboxState
 from aenv.orchestrator.store import SandboxRecord
 
@@ -79,12 +81,13 @@ async def recover(orch: Node) -> dict[str, int]:
             log_event(log, "recovery.removed", sandbox_id=rec.sandbox_id, state=str(rec.state))
         else:
             counts["kept"] += 1
-    if hasattr(orch.runtime, "live_vms"):  # a runtime with host resources to reclaim
+    reclaim = getattr(orch.runtime, "reclaim", None)
+    if callable(reclaim):
         try:
             # Keep every sandbox that still has a record: adopted VMs and paused state.
             keep = {r.sandbox_id for r in store.all()}
             t_reclaim = time.perf_counter()
-            reclaimed = await reclaim_runtime(orch.runtime, keep)
+            reclaimed = await reclaim(keep=keep)
         except Exception:
             log.exception("recovery.reclaim_failed")
         else:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from aenv.config import Config
 from aenv.images import stepgc
+from aenv.machines import machine
 from aenv.orchestrator import census as cm
-from aenv.orchestrator import runtime
 from aenv.orchestrator.census import Census, Resource
 from aenv.orchestrator.states import SandboxState
 
@@ -177,7 +177,7 @@ def test_census_of_a_data_directory_finds_and_attributes_files(tmp_path: Path) -
 
 
 def test_the_fork_prefix_is_the_runtimes() -> None:
-    assert cm.FORK_PREFIX == runtime.FORK_PREFIX
+    assert cm.FORK_PREFIX == machine.FORK_PREFIX
 
 
 def test_partial_image_writes_and_orphaned_build_snapshots(tmp_path: Path) -> None:
