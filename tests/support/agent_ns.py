@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from aenv.storage.tools import build_exec_helper
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3.11"
@@ -50,6 +53,7 @@ printf '%s' "$AENVT_GROUP" > "$R/etc/group"
 chown 1000:1000 "$R/home/user"
 chown 1001:1001 "$R/home/other"
 cp "$AENVT_REPO/src/aenv/__init__.py" "$R/py/aenv/__init__.py"
+cp "$AENVT_HELPER" "$R/aenv-exec"
 mount --bind "$AENVT_REPO/src/aenv/guest" "$R/py/aenv/guest"
 for p in $AENVT_PACKAGES; do
   t="$R/py/$(basename "$p")"
@@ -66,7 +70,7 @@ hostname sandbox
 cd /
 exec env -i PATH="$AENVT_PATH" PYTHONPATH="$R/py" \
     "$AENVT_PYTHON" -S -m aenv.guest.agent --host 127.0.0.1 --port "$AENVT_PORT" \
-    --no-clock --no-cgroup "$@"
+    --no-clock --no-cgroup --exec-helper "$R/aenv-exec" "$@"
 """
 
 _WAIT_READY = r"""
@@ -142,7 +146,10 @@ def confined_agent(
     proc: subprocess.Popen[bytes] | None = None
     fd, log_name = tempfile.mkstemp(prefix="aenvt-agent-", suffix=".log")
     log_path = Path(log_name)
+    helper_dir = tempfile.mkdtemp(prefix="aenvt-exec-")
     try:
+        # The guest's static process starter, as the tools drive has it (agent/spawn.py).
+        helper = build_exec_helper(Path(helper_dir, "aenv-exec"))
         subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
         env = {
             "PATH": USER_PATH,
@@ -154,6 +161,7 @@ def confined_agent(
             "AENVT_PATH": USER_PATH,
             "AENVT_PYTHON": PYTHON,
             "AENVT_PORT": str(AGENT_PORT),
+            "AENVT_HELPER": str(helper),
         }
         argv = [
             "ip", "netns", "exec", netns,
@@ -183,6 +191,7 @@ def confined_agent(
         subprocess.run(["ip", "netns", "delete", netns], check=False)
         os.close(fd)
         log_path.unlink(missing_ok=True)
+        shutil.rmtree(helper_dir, ignore_errors=True)
 
 
 def wait_gone(netns: str, timeout: float = 5.0) -> bool:

@@ -91,6 +91,18 @@ def _ldd(paths: Iterable[Path]) -> set[Path]:
     return libs
 
 
+def build_exec_helper(out: Path) -> Path:
+    """Compile the guest's static ``aenv-exec`` (agent/spawn.py says why it exists)."""
+    src = _guest_dir() / "aenv-exec.c"
+    r = subprocess.run(
+        ["gcc", "-static", "-s", "-O2", "-Wall", "-Werror", "-o", str(out), str(src)],
+        capture_output=True, text=True,
+    )
+    if r.returncode != 0:
+        raise RootfsError(f"building aenv-exec failed: {r.stderr.strip()[-500:]}")
+    return out
+
+
 def _stage(root: Path) -> None:
     guest = _guest_dir()
     shutil.copy2(guest / "init.sh", root / "init")
@@ -98,6 +110,7 @@ def _stage(root: Path) -> None:
     shutil.copy2(guest / "init-stage2.sh", root / "init-stage2")
     (root / "bin").mkdir()
     shutil.copy2(BUSYBOX, root / "bin/busybox")
+    build_exec_helper(root / "bin/aenv-exec")
     (root / "rootfs").mkdir()
     for d in ("proc", "sys", "dev"):
         (root / d).mkdir()
@@ -115,7 +128,9 @@ def _stage(root: Path) -> None:
     pkg = site / "aenv"
     pkg.mkdir()
     shutil.copy2(Path(aenv.__file__), pkg / "__init__.py")
-    shutil.copytree(guest, pkg / "guest", ignore=shutil.ignore_patterns("__pycache__", "*.sh"))
+    shutil.copytree(
+        guest, pkg / "guest", ignore=shutil.ignore_patterns("__pycache__", "*.sh", "*.c")
+    )
     for src in _package_dirs(_runtime_packages()):
         if src.is_dir():
             shutil.copytree(src, site / src.name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,24 @@ def test_gzip_only_when_it_is_the_sole_offer() -> None:
     assert not _wants_gzip("gzip, deflate")
     assert not _wants_gzip("")
     assert not _wants_gzip("br")
+
+
+def test_user_lookups_are_cached_until_the_user_database_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aenv.guest.agent import users
+
+    passwd, group = tmp_path / "passwd", tmp_path / "group"
+    passwd.write_text("a\n")
+    group.write_text("b\n")
+    monkeypatch.setattr(users, "_DB_FILES", (str(passwd), str(group)))
+    monkeypatch.setattr(users, "_cache", {})
+    reads: list[str] = []
+    real = users._lookup
+    monkeypatch.setattr(users, "_lookup", lambda name: reads.append(name) or real(name))
+    first = users.lookup_user("root")
+    assert users.lookup_user("root") is first and reads == ["root"]
+    group.write_text("b\nc\n")  # e.g. useradd, or a command that edits /etc/group
+    assert users.lookup_user("root") == first and reads == ["root", "root"]
+    with pytest.raises(users.UnknownUserError):
+        users.lookup_user("no-such-user-here")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 DEFAULT_PORT = 49983
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
+# Built into the tools drive (storage/tools.py); absent when the agent runs on a host.
+DEFAULT_EXEC_HELPER = "/.aenv/bin/aenv-exec"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,8 @@ class AgentOptions:
     log_level: str = "warning"
     # uvicorn's HTTP/1.1 parser: "httptools" (C, faster) or "h11" (pure Python).
     http: str = "auto"
+    # The static helper that starts user processes (spawn.py); used if executable.
+    exec_helper: str = DEFAULT_EXEC_HELPER
 
 
 def parse_args(argv: list[str] | None = None) -> AgentOptions:
@@ -56,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> AgentOptions:
     p.add_argument("--entropy-device", default="/dev/random")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto")
+    p.add_argument("--exec-helper", default=DEFAULT_EXEC_HELPER,
+                   help="static helper that starts user processes (skipped if missing)")
     ns = p.parse_args(argv)
     return AgentOptions(
         host=ns.host,
@@ -68,4 +74,5 @@ def parse_args(argv: list[str] | None = None) -> AgentOptions:
         entropy_device=ns.entropy_device,
         log_level=ns.log_level,
         http=ns.http,
+        exec_helper=ns.exec_helper,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -80,6 +81,8 @@ async def serve(options: AgentOptions) -> None:
             memory_max=options.memory_max,
             mem_total=memory()[0],
         )
+    if os.access(options.exec_helper, os.X_OK):
+        policy = dataclasses.replace(policy, exec_helper=options.exec_helper)
     table = ProcessTable(loop, policy)
     watchers = WatcherRegistry(loop.add_reader, loop.remove_reader)
     app = AgentApp(options, state, table, watchers)

@@ -29,8 +29,39 @@ class User:
     groups: tuple[int, ...]
 
 
+_DB_FILES = ("/etc/passwd", "/etc/group")
+_cache: dict[str, tuple[tuple[object, ...], User]] = {}
+
+
+def _db_version() -> tuple[object, ...]:
+    out: list[object] = []
+    for path in _DB_FILES:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 def lookup_user(name: str) -> User:
-    """Look ``name`` up in the user database (read fresh: images may add users)."""
+    """Look ``name`` up in the user database.
+
+    Every request names its user, and parsing the files costs milliseconds under TCG, so the
+    answer is cached until /etc/passwd or /etc/group changes (images and commands may add
+    users).
+    """
+    version = _db_version()
+    hit = _cache.get(name)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    user = _lookup(name)
+    _cache[name] = (version, user)
+    return user
+
+
+def _lookup(name: str) -> User:
     try:
         pw = pwd.getpwnam(name)
     except KeyError:
