@@ -82,8 +82,8 @@ class Config(BaseModel):
     # create from the default template continues one (under TCG: no restore, no first-
     # request translation). Each holds its touched guest RAM. 0 disables it.
     primed_pool_size: int = Field(1, ge=0, le=64)
-    # The same for the user snapshot a create (or a snapshot fork) used last: the next
-    # create from it continues one. It follows the newest snapshot so used. 0 disables it.
+    # The same for the user snapshots creates (or snapshot forks) used most recently, one
+    # budget for all: each older snapshot keeps one VM, the newest the rest. 0 disables it.
     primed_snapshot_pool_size: int = Field(1, ge=0, le=64)
     max_sandboxes: int = 64
     # The hot pause tier: a full pause keeps the stopped VMM (and its slot) for up to

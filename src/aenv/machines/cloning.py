@@ -386,8 +386,10 @@ class Cloning:
         return out
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        """Hide (rename) then remove. VMs restored from it keep their reflinked files."""
+        """Hide (rename) then remove. VMs restored from it keep their reflinked files; VMs
+        primed from it go."""
         try:
             self.snapshots.delete(snapshot_id)
         except SnapshotNotFound:
             raise TemplateNotFound(f"snapshot {snapshot_id!r} not found") from None
+        self._primed_snap.forget(snapshot_id)

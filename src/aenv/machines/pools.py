@@ -8,9 +8,9 @@ one key and refills in the background.
 - The **primed pool**: default-template VMs already restored, run until their agent has
   answered, then stopped (`Runtime.prime`): a create from the default template continues
   one and pushes its `/init`.
-- The **primed snapshot pool**: the same for the user snapshot a create used last (a task's
-  start state that a GRPO group creates or forks from again and again); it follows the
-  newest such snapshot (`retarget`).
+- The **primed snapshot pools** (`RecentPools`): the same for the user snapshots creates
+  used most recently (a task's start state that a GRPO group creates from again and again),
+  within one budget of VMs: each older snapshot keeps one, the newest the rest.
 
 A pooled VM has no record: it is named `pool-*` (census.UNRECORDED_VMS), and a restarted
 node reclaims what an earlier process pooled.
@@ -43,7 +43,8 @@ class VmPool(Generic[K]):
     def __init__(self, kind: str, size: int, make: Callable[[K], Awaitable[Machine]],
                  destroy: Callable[[Machine], Awaitable[None]],
                  watch: Callable[[Machine, Callable[[Machine, VmmExit], None]], None],
-                 refill_delay_s: float = 0.0) -> None:
+                 refill_delay_s: float = 0.0,
+                 on_count: Callable[[], None] | None = None) -> None:
         self.kind = kind  # "warm_pool" | "primed_pool": logs and the VMM-exit metric
         self.size = size
         self.key: K | None = None
@@ -57,27 +58,33 @@ class VmPool(Generic[K]):
         # does not compete for the CPU with the start of the VM just taken.
         self.refill_delay_s = refill_delay_s
         self._delayed: asyncio.TimerHandle | None = None
+        self._on_count = on_count  # instead of this pool's own gauge (RecentPools)
 
     def configure(self, key: K) -> None:
         self.key = key
         self._refill()
 
-    def retarget(self, key: K) -> None:
-        """Serve `key` from now on: VMs ready for another key go, new ones are made."""
-        if key == self.key or self.size <= 0:
-            return
-        old, self._ready = self._ready, []
+    def resize(self, size: int) -> None:
+        """Keep `size` VMs from now on: extra ready ones go at once, missing ones are made
+        after the refill delay (not while the create that asked for them starts)."""
+        self.size = size
+        extra, self._ready = self._ready[size:], self._ready[:size]
         self._count()
-        for m in old:
-            if m.watcher is not None:
-                m.watcher.cancel()
-            t = asyncio.get_running_loop().create_task(self._destroy(m))
-            self._drops.add(t)
-            t.add_done_callback(self._drops.discard)
-        self.key = key
+        for m in extra:
+            self._drop(m)
+        self._later_refill()
+
+    def _drop(self, m: Machine) -> None:
+        if m.watcher is not None:
+            m.watcher.cancel()
+        t = asyncio.get_running_loop().create_task(self._destroy(m))
+        self._drops.add(t)
+        t.add_done_callback(self._drops.discard)
+
+    def _later_refill(self) -> None:
         if self.refill_delay_s <= 0:
             self._refill()
-        elif self._delayed is None:  # not while the create that used it starts
+        elif self._delayed is None:
             self._delayed = asyncio.get_running_loop().call_later(
                 self.refill_delay_s, self._delayed_refill)
 
@@ -94,11 +101,7 @@ class VmPool(Generic[K]):
         self._count()
         if m.watcher is not None:
             m.watcher.cancel()  # the sandbox it becomes is watched from then on
-        if self.refill_delay_s <= 0:
-            self._refill()
-        elif self._delayed is None:
-            self._delayed = asyncio.get_running_loop().call_later(
-                self.refill_delay_s, self._delayed_refill)
+        self._later_refill()
         return m
 
     def _delayed_refill(self) -> None:
@@ -149,7 +152,10 @@ class VmPool(Generic[K]):
         t.add_done_callback(self._drops.discard)
 
     def _count(self) -> None:
-        POOLED_VMS.labels(self.kind).set(len(self._ready))
+        if self._on_count is not None:
+            self._on_count()
+        else:
+            POOLED_VMS.labels(self.kind).set(len(self._ready))
 
     async def settle(self) -> None:
         """Wait for the VMs being made (they are then in `names()`)."""
@@ -165,3 +171,79 @@ class VmPool(Generic[K]):
         ready, self._ready = self._ready, []
         self._count()
         await asyncio.gather(*(self._destroy(m) for m in ready))
+
+
+class RecentPools(Generic[K]):
+    """Primed VMs for the keys used most recently, within one budget of `size` VMs: each
+    of the older keys (at most `size - 1` of them) keeps one VM, the newest the rest. A
+    key that falls out, or is forgotten (its snapshot deleted), has its VMs ended."""
+
+    def __init__(self, kind: str, size: int, make: Callable[[K], Awaitable[Machine]],
+                 destroy: Callable[[Machine], Awaitable[None]],
+                 watch: Callable[[Machine, Callable[[Machine, VmmExit], None]], None],
+                 refill_delay_s: float = 0.0) -> None:
+        self.kind, self.size = kind, size
+        self._args = (make, destroy, watch)
+        self._refill_delay_s = refill_delay_s
+        self._pools: dict[K, VmPool[K]] = {}  # oldest first
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def use(self, key: K) -> None:
+        """`key` was just used: it becomes the newest, and the budget is shared again."""
+        if self.size <= 0:
+            return
+        pool = self._pools.pop(key, None)
+        if pool is None:
+            pool = VmPool(self.kind, 0, *self._args, refill_delay_s=self._refill_delay_s,
+                          on_count=self._count)
+            pool.key = key
+        self._pools[key] = pool
+        while len(self._pools) > self.size:
+            self._retire(self._pools.pop(next(iter(self._pools))))
+        self._share()
+
+    def _share(self) -> None:
+        if not self._pools:
+            return
+        newest = next(reversed(self._pools))
+        for k, p in self._pools.items():
+            want = self.size - (len(self._pools) - 1) if k == newest else 1
+            if p.size != want:
+                p.resize(want)
+
+    def forget(self, key: K) -> None:
+        """End `key`'s VMs (on the event loop, as every pool method)."""
+        pool = self._pools.pop(key, None)
+        if pool is not None:
+            self._retire(pool)
+            self._share()  # the newest gets the share that was freed
+
+    def _retire(self, pool: VmPool[K]) -> None:
+        t = asyncio.get_running_loop().create_task(pool.close())
+        self._retiring.add(t)
+        t.add_done_callback(self._retiring.discard)
+        self._count()
+
+    def take(self, key: K) -> Machine | None:
+        pool = self._pools.get(key)
+        return pool.take(key) if pool is not None else None
+
+    def keys(self) -> list[K]:
+        return list(self._pools)
+
+    def names(self) -> set[str]:
+        return set().union(*(p.names() for p in self._pools.values()))
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._pools.values())
+
+    def _count(self) -> None:
+        POOLED_VMS.labels(self.kind).set(len(self))
+
+    async def settle(self) -> None:
+        await asyncio.gather(*(p.settle() for p in list(self._pools.values())))
+
+    async def close(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        await asyncio.gather(*(p.close() for p in pools), *self._retiring)
+        self._count()

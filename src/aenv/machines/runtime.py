@@ -50,7 +50,7 @@ from aenv.machines.machine import (
     log_tail,
 )
 from aenv.machines.pausing import Pausing
-from aenv.machines.pools import VmPool
+from aenv.machines.pools import RecentPools, VmPool
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
@@ -101,9 +101,9 @@ class Runtime(Pausing, Cloning, Adopting):
         self._primed: VmPool[str] = VmPool(
             "primed_pool", cfg.primed_pool_size, self.prime, self._destroy, self._watch,
             refill_delay_s=PRIMED_REFILL_DELAY_S)
-        # ... and VMs primed from the snapshot created from last (a task's start state that
-        # a GRPO group creates or forks from again and again).
-        self._primed_snap: VmPool[str] = VmPool(
+        # ... and VMs primed from the snapshots created from last (a task's start state that
+        # a GRPO group creates from again and again).
+        self._primed_snap: RecentPools[str] = RecentPools(
             "primed_snapshot", cfg.primed_snapshot_pool_size, self.prime, self._destroy,
             self._watch, refill_delay_s=PRIMED_REFILL_DELAY_S)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
@@ -461,13 +461,13 @@ class Runtime(Pausing, Cloning, Adopting):
 
     def _follow_snapshot(self, snapshot_id: str) -> None:
         """Prime VMs of a user snapshot a create just used (not a template's, nor a fork's
-        transient one, nor a filesystem-only one): the pool follows the newest."""
+        transient one, nor a filesystem-only one): the pools favour the newest."""
         if snapshot_id.startswith(FORK_PREFIX) or snapshot_id == self._primed.key:
             return
         with contextlib.suppress(SnapshotNotFound, SnapshotCorrupt):
             man = self.snapshots.get(snapshot_id)
             if man.parent is not None and man.memory:
-                self._primed_snap.retarget(snapshot_id)
+                self._primed_snap.use(snapshot_id)
 
     def handle(self, name: str, template_id: str) -> SandboxHandle:
         m = self._machines[name]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from aenv.machines.api import VmmExit
-from aenv.machines.pools import VmPool
+from aenv.machines.pools import RecentPools, VmPool
 
 
 @dataclass
@@ -143,28 +143,49 @@ async def test_a_vm_made_for_an_old_key_is_destroyed_and_failures_do_not_break_i
     await pool.close()
 
 
-async def test_retarget_drops_the_old_keys_vms_and_makes_new_ones_after_the_delay() -> None:
+def _recent(mk: Maker, size: int, delay: float = 0.0) -> RecentPools[str]:
+    return RecentPools("test_recent", size, mk.make, mk.destroy, mk.watch,  # type: ignore[arg-type]
+                       refill_delay_s=delay)
+
+
+def _keys(mk: Maker) -> list[str]:
+    return [vm.key for vm in mk.made if vm.name not in mk.destroyed]
+
+
+async def test_recent_pools_share_one_budget_newest_first() -> None:
     mk = Maker()
-    pool = _pool(mk, size=1, delay=0.2)
-    pool.retarget("a")
-    await pool.settle()
-    assert len(pool) == 0  # not while the create that used "a" starts
+    pools = _recent(mk, size=4, delay=0.2)
+    pools.use("a")
+    await pools.settle()
+    assert len(pools) == 0  # not while the create that used "a" starts
     await asyncio.sleep(0.3)
-    await pool.settle()
-    assert len(pool) == 1 and mk.made[-1].key == "a"
-    pool.retarget("a")  # the same key: nothing changes
-    await pool.settle()
-    assert len(mk.made) == 1 and not mk.destroyed
-    pool.retarget("b")
+    await pools.settle()
+    assert _keys(mk) == ["a"] * 4 and pools.keys() == ["a"]
+    pools.use("a")  # the same key again: nothing changes
+    assert len(mk.made) == 4 and not mk.destroyed
+    pools.use("b")  # "a" keeps one at once, "b" gets three after the delay
     await asyncio.sleep(0.01)
-    assert mk.destroyed == ["pool-0"] and pool.take("a") is None and len(pool) == 0
+    assert len(mk.destroyed) == 3 and _keys(mk) == ["a"]
     await asyncio.sleep(0.3)
-    await pool.settle()
-    vm = pool.take("b")
-    assert vm is not None and vm.key == "b"
-    await pool.close()
+    await pools.settle()
+    assert sorted(_keys(mk)) == ["a", "b", "b", "b"]
+    pools.use("c")
+    pools.use("d")
+    pools.use("e")  # five keys for a budget of four: "a", the oldest, falls out
+    await asyncio.sleep(0.3)
+    await pools.settle()
+    assert pools.keys() == ["b", "c", "d", "e"]
+    assert sorted(_keys(mk)) == ["b", "c", "d", "e"] and len(pools) == 4
+    assert pools.take("a") is None
+    vm = pools.take("e")
+    assert vm is not None and vm.key == "e"
     vm.watcher = None
-    assert not [n for n in mk.destroyed if n == vm.name]
-    sized_zero = _pool(Maker(), size=0)
-    sized_zero.retarget("x")
-    assert sized_zero.key is None  # a disabled pool makes nothing
+    pools.forget("c")  # its snapshot was deleted: its share goes to the newest
+    await asyncio.sleep(0.3)
+    await pools.settle()
+    assert pools.keys() == ["b", "d", "e"] and sorted(_keys(mk)) == ["b", "d", "e", "e", "e"]
+    await pools.close()
+    assert len(pools) == 0 and _keys(mk) == ["e"]  # only the VM taken is left, to its taker
+    disabled = _recent(Maker(), size=0)
+    disabled.use("x")
+    assert disabled.keys() == []  # a disabled pool makes nothing
