@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import socket
-import string
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import pydantic
 
@@ -24,15 +21,7 @@ from aenv import faults
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
 from aenv.machines.agent_replies import AgentMetrics
-from aenv.machines.api import (
-    AgentInit,
-    Runtime,
-    SandboxHandle,
-    SnapshotInfo,
-    TemplateInfo,
-    TemplateNotFound,
-    VmmExit,
-)
+from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, TemplateNotFound, VmmExit
 from aenv.network.egress import EgressPolicy, EgressPolicyError
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
 from aenv.orchestrator import background, recovery, space
@@ -44,67 +33,31 @@ from aenv.orchestrator.errors import (
     ShuttingDown,
     SpaceExhausted,
     StateConflict,
-    Unsupported,
 )
+from aenv.orchestrator.forking import Forking
 from aenv.orchestrator.locks import Joiner, SandboxLocks
-from aenv.orchestrator.routes import Route, RouteTable
+from aenv.orchestrator.pausing import Pausing
+from aenv.orchestrator.requests import (
+    AUTO_PAUSE_RETRY_S,
+    BOOTS_RETRY_AFTER_S,
+    FALLBACK_ENVD_VERSION,
+    FULL_RETRY_AFTER_S,
+    MAX_REFRESH_S,
+    CreateRequest,
+    agent_init,
+    new_access_token,
+    new_sandbox_id,
+)
+from aenv.orchestrator.routes import RouteTable
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 
 log = logging.getLogger("aenv.orchestrator")
 S = SandboxState
 
-ID_ALPHABET = string.ascii_lowercase + string.digits
-ID_LENGTH = 20
-# How long a create that hit max_sandboxes is told to wait: VMs go away at TTL or kill.
-FULL_RETRY_AFTER_S = 5
-# How long a create that hit max_concurrent_boots is told to wait: about one boot.
-BOOTS_RETRY_AFTER_S = 1
-# E2B's cap on one /refreshes call.
-MAX_REFRESH_S = 3600
-# The SDK's range for one fork call.
-MAX_FORK_COUNT = 20
-# An auto-pause at endAt that failed is tried again this much later (the sandbox keeps running).
-AUTO_PAUSE_RETRY_S = 30
-# envdVersion of a sandbox restored from a snapshot whose template is gone.
-FALLBACK_ENVD_VERSION = "0.6.4"
 
 
-def new_sandbox_id() -> str:
-    return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
-
-
-def new_access_token() -> str:
-    return secrets.token_hex(24)
-
-
-def _agent_init(rec: SandboxRecord) -> AgentInit:
-    """What every start of `rec` (create, resume, fork child) sets up around its guest."""
-    return AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars),
-                     default_user=rec.default_user or "user",
-                     default_workdir=rec.default_workdir, egress=rec.egress)
-
-
-@dataclass
-class CreateRequest:
-    """What a create asks for, already validated for types by the API."""
-
-    template: str
-    timeout_s: int
-    metadata: dict[str, str] = field(default_factory=dict)
-    env_vars: dict[str, str] = field(default_factory=dict)
-    secure: bool = True
-    auto_pause: bool = False
-    auto_resume: bool = False
-    auto_pause_memory: bool = True  # False: the TTL auto-pause is filesystem-only
-    allow_internet: bool | None = None
-    allow_out: list[object] = field(default_factory=list)  # E2B network.allowOut
-    deny_out: list[object] = field(default_factory=list)  # E2B network.denyOut
-    vcpus: int | None = None
-    memory_mib: int | None = None
-
-
-class Orchestrator:
+class Orchestrator(Pausing, Forking):
     """Owns every sandbox of this node. Valid between `start()` and `close()`."""
 
     def __init__(
@@ -385,7 +338,7 @@ class Orchestrator:
         self, rec: SandboxRecord, info: TemplateInfo, shape: MachineShape
     ) -> SandboxHandle:
         sid = rec.sandbox_id
-        init = _agent_init(rec)
+        init = agent_init(rec)
         # A snapshot (not a template): a DELETE meanwhile keeps its files until it is cloned.
         snap = info.template_id if info.template_id == info.build_id else None
         try:
@@ -501,386 +454,6 @@ class Orchestrator:
                           error=repr(e), retry_in_s=AUTO_PAUSE_RETRY_S if retry else None)
 
     # -- pause / resume --------------------------------------------------------------------
-
-    def _is_paused(self, sandbox_id: str) -> bool:
-        return bool(self.runtime.is_paused(sandbox_id))
-
-    async def pause(
-        self, sandbox_id: str, memory: bool = True, require_healthy_guest: bool = False
-    ) -> None:
-        """Running -> Pausing -> Paused. StateConflict (409) if it is already paused.
-        `memory=False`: filesystem-only (only the disk is kept; resuming reboots it).
-        `require_healthy_guest`: GuestUnresponsive (503) and still running if the guest's
-        agent does not answer."""
-        async with self._locks.hold(sandbox_id):
-            rec = self.get(sandbox_id)
-            if rec.state is S.PAUSED:
-                raise StateConflict(f"sandbox {sandbox_id} is already paused",
-                                    actual=str(rec.state))  # fmt: skip
-            # Refused before the VM stops once the reserve is gone (space.py: a pause needs
-            # only the reserve). The node's own pauses (TTL, shutdown) still try.
-            self._admit_space(0, "pause a sandbox", keep_running=False)
-            await self._pause_locked(rec, "request", memory=memory,
-                                     require_healthy_guest=require_healthy_guest)  # fmt: skip
-
-    async def _pause_locked(self, rec: SandboxRecord, reason: str, *, memory: bool = True,
-                            require_healthy_guest: bool = False) -> None:
-        sid = rec.sandbox_id
-        mode = "full" if memory else "filesystem"
-        if not self.store.transition(sid, [S.RUNNING], S.PAUSING, self.now_us(),
-                                     pause_mode=mode):  # fmt: skip
-            raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
-        t0 = time.perf_counter()
-        # The data plane answers 502 from here on; open streams end now.
-        route = self.routes.remove(sid)
-        try:
-            async with stage("pause", "runtime_pause", sid):
-                await self.runtime.pause(sid, memory=memory,
-                                         require_healthy_guest=require_healthy_guest)
-        except BaseException:
-            OPS_TOTAL.labels("pause", "error").inc()
-            await self._after_failed_pause(rec, route)
-            raise
-        fault("pause.before_record")
-        self.store.transition(sid, [S.PAUSING], S.PAUSED, self.now_us(), slot_addr=None,
-                              vmm_pid=None)  # fmt: skip
-        OPS_TOTAL.labels("pause", reason).inc()
-        log_event(log, "sandbox.paused", sandbox_id=sid, reason=reason, mode=mode,
-                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
-
-    async def _after_failed_pause(self, rec: SandboxRecord, route: Route | None) -> None:
-        sid = rec.sandbox_id
-        now = self.now_us()
-        if self._is_paused(sid):
-            self.store.transition(sid, [S.PAUSING], S.PAUSED, now, slot_addr=None, vmm_pid=None)
-        elif route is not None and self.runtime.is_running(sid):
-            self.store.transition(sid, [S.PAUSING], S.RUNNING, now)
-            self.routes.add(route.handle, rec.access_token)
-        else:
-            self.store.transition(sid, [S.PAUSING], S.KILLING, now)
-            await self._runtime_kill(route.handle if route else self._handle(rec))
-            self.store.delete(sid, [S.KILLING])
-            log_event(log, "sandbox.lost", logging.ERROR, sandbox_id=sid, during="pause")
-
-    async def resume(
-        self, sandbox_id: str, timeout_s: int, auto_pause: bool | None = None
-    ) -> SandboxRecord:
-        """E2B v1 resume: Paused -> Resuming -> Running; StateConflict (409) if running."""
-        self._check_timeout(timeout_s)
-        async with self._locks.hold(sandbox_id):
-            rec = self.get(sandbox_id)
-            if rec.state is not S.PAUSED:
-                raise StateConflict(f"sandbox {sandbox_id} is already running",
-                                    actual=str(rec.state))  # fmt: skip
-            await self._resume_locked(rec, timeout_s, auto_pause)
-        return self.get(sandbox_id)
-
-    async def _resume_locked(
-        self, rec: SandboxRecord, timeout_s: int, auto_pause: bool | None = None,
-        memory: bool = True,
-    ) -> None:
-        """Restore the memory state, or reboot the disk (`memory=False`, or after a
-        filesystem-only pause): a reboot is a cold boot, admitted as one."""
-        sid = rec.sandbox_id
-        reboot = not memory or rec.pause_mode == "filesystem"
-        self._admit(rec.memory_mib, "resume a sandbox", boot=reboot)
-        if not self.store.transition(sid, [S.PAUSED], S.RESUMING, self.now_us()):
-            raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
-        t0 = time.perf_counter()
-        init = _agent_init(rec)
-        try:
-            with self._boot_in_flight() if reboot else contextlib.nullcontext():
-                async with stage("resume", "runtime_reboot" if reboot else "runtime_resume",
-                                 sid):  # fmt: skip
-                    handle = await self.runtime.resume(sid, init, memory=memory)
-        except BaseException:
-            OPS_TOTAL.labels("resume", "error").inc()
-            if self._is_paused(sid):
-                # A reboot discards the memory state before it boots: filesystem-only now.
-                self.store.transition(sid, [S.RESUMING], S.PAUSED, self.now_us(),
-                                      **({"pause_mode": "filesystem"} if reboot else {}))
-            else:  # its paused state is gone: nothing left to resume
-                self.store.transition(sid, [S.RESUMING], S.KILLING, self.now_us())
-                await self._runtime_kill(self._handle(rec))
-                self.store.delete(sid, [S.KILLING])
-                log_event(log, "sandbox.lost", logging.ERROR, sandbox_id=sid, during="resume")
-            raise
-        # endAt counts from now: after the boot, however long it took.
-        now = self.now_us()
-        extra = {} if auto_pause is None else {"auto_pause": auto_pause}
-        ok = self.store.transition(
-            sid, [S.RESUMING], S.RUNNING, now, end_at_us=now + timeout_s * 1_000_000,
-            slot_addr=handle.slot_addr, vmm_pid=handle.vmm_pid, pause_mode=None, **extra,
-        )  # fmt: skip
-        if not ok:
-            await self._runtime_kill(handle)
-            raise ShuttingDown("the node is shutting down")
-        self.routes.add(handle, rec.access_token)
-        OPS_TOTAL.labels("resume", "ok").inc()
-        log_event(log, "sandbox.resumed", sandbox_id=sid, slot=handle.slot_addr, reboot=reboot,
-                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
-
-    @contextlib.contextmanager
-    def _boot_in_flight(self) -> Iterator[None]:
-        """Counts against max_concurrent_boots (and the in-flight gauge) while it lasts."""
-        self._booting += 1
-        BOOTS_IN_FLIGHT.inc()
-        try:
-            yield
-        finally:
-            self._booting -= 1
-            BOOTS_IN_FLIGHT.dec()
-
-    async def route_for_paused(self, sandbox_id: str) -> Route | None:
-        """autoResume: the data plane found no route; resume the sandbox if it is paused and
-        asked for it, and give its new route (None: answer 502 as for any paused sandbox)."""
-        rec = self.store.get(sandbox_id)
-        if rec is None or not rec.auto_resume or rec.state not in (
-                S.PAUSED, S.PAUSING, S.RESUMING) or not self._accepting:
-            return None
-        if rec.pause_mode == "filesystem":
-            return None  # a reboot is no transparent wake-up: resumed only by connect
-        try:
-            await self.connect(sandbox_id, rec.timeout_s)
-        except Exception as e:
-            log_event(log, "sandbox.auto_resume_failed", logging.WARNING, sandbox_id=sandbox_id,
-                      error=repr(e))  # fmt: skip
-            return None
-        OPS_TOTAL.labels("auto_resume", "ok").inc()
-        return self.routes.get(sandbox_id)
-
-    # -- snapshots -------------------------------------------------------------------------
-
-    def _running_for(self, sandbox_id: str, what: str) -> SandboxRecord:
-        rec = self.get(sandbox_id)
-        if rec.state is not S.RUNNING:
-            raise StateConflict(f"sandbox {sandbox_id} is {PUBLIC_STATE[rec.state]}: "
-                                f"{what} needs a running sandbox", actual=str(rec.state))
-        return rec
-
-    async def snapshot(self, sandbox_id: str, name: str | None = None, *,
-                       memory: bool = True) -> SnapshotInfo:
-        """Running -> Snapshotting -> Running: clone the sandbox into a new snapshot, usable
-        as a templateID. The sandbox keeps running (it stops only while its state is saved).
-        `memory=False`: filesystem-only, the disk alone; a create from it cold-boots."""
-        names = snaps.check_name(name)
-        async with self._locks.hold(sandbox_id):
-            rec = self._running_for(sandbox_id, "a snapshot")
-            self._admit(0, "take a snapshot", vms=0, boot=False)
-            if not self.store.transition(sandbox_id, [S.RUNNING], S.SNAPSHOTTING, self.now_us()):
-                raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(rec.state))
-            snap_id = snaps.new_snapshot_id()
-            t0 = time.perf_counter()
-            try:
-                async with stage("snapshot", "runtime_snapshot", sandbox_id):
-                    info = await self.runtime.snapshot_sandbox(sandbox_id, snap_id, names,
-                                                               memory=memory)
-            except BaseException:
-                OPS_TOTAL.labels("snapshot", "error").inc()
-                raise
-            finally:
-                # The runtime lets the VM continue whatever happened.
-                self.store.transition(sandbox_id, [S.SNAPSHOTTING], S.RUNNING, self.now_us())
-        OPS_TOTAL.labels("snapshot", "ok").inc()
-        log_event(log, "snapshot.created", sandbox_id=sandbox_id, snapshot_id=snap_id,
-                  mode="full" if memory else "filesystem",
-                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
-        return info
-
-    def _snapshots(self) -> list[SnapshotInfo]:
-        return [s for s in self.runtime.list_snapshots()
-                if not self._snap_refs.hidden(s.snapshot_id)]  # fmt: skip
-
-    def find_snapshot(self, name: str) -> SnapshotInfo:
-        """By id, else the newest carrying `name`; TemplateNotFound (404)."""
-        if not self._snap_refs.hidden(name):
-            try:
-                return self.runtime.snapshot_info(name)
-            except TemplateNotFound:
-                pass
-        return snaps.newest_named(self._snapshots(), name)
-
-    def list_snapshots(
-        self, sandbox_id: str | None = None, name: str | None = None,
-        limit: int = snaps.MAX_PAGE, cursor: tuple[int, str] | None = None,
-    ) -> tuple[list[SnapshotInfo], tuple[int, str] | None]:
-        return snaps.page(self._snapshots(), sandbox_id=sandbox_id, name=name, limit=limit,
-                          cursor=cursor)  # fmt: skip
-
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        """Gone from listings and lookups at once; its files go now, or when the last
-        restore in flight from it has cloned them. NotFound (404). A template is deleted
-        the same way (sandboxes and snapshots made from it keep their own files), except the
-        node's default template (400)."""
-        if self._snap_refs.hidden(snapshot_id):
-            raise NotFound(f"snapshot '{snapshot_id}' not found")
-        try:
-            self.runtime.snapshot_info(snapshot_id)
-        except TemplateNotFound:
-            try:
-                info = self.runtime.template(snapshot_id)
-            except TemplateNotFound:
-                raise NotFound(f"snapshot '{snapshot_id}' not found") from None
-            if info.template_id == self.config.default_template:
-                raise Unsupported(f"'{snapshot_id}' is the node's default template: it is "
-                                  "rebuilt or removed with the aenv CLI") from None
-            if not hasattr(self.runtime, "remove_template"):
-                raise Unsupported(f"'{snapshot_id}' is a template this runtime cannot "
-                                  "remove") from None
-            self.runtime.remove_template(info.template_id)
-            snapshot_id = info.build_id  # the template's snapshot, deleted like any other
-        if self._snap_refs.doom(snapshot_id):
-            self._delete_snapshot_files(snapshot_id)
-        OPS_TOTAL.labels("snapshot_delete", "ok").inc()
-        log_event(log, "snapshot.deleted", snapshot_id=snapshot_id,
-                  deferred=self._snap_refs.hidden(snapshot_id))  # fmt: skip
-
-    def _delete_snapshot_files(self, snapshot_id: str) -> None:
-        try:
-            self.runtime.delete_snapshot(snapshot_id)
-        except TemplateNotFound:
-            pass
-        except Exception:
-            log.exception("snapshot.delete_failed", extra={"kv": {"snapshot_id": snapshot_id}})
-
-    # -- fork ------------------------------------------------------------------------------
-
-    async def fork(
-        self, sandbox_id: str, count: int, timeout_s: int | None = None
-    ) -> list[SandboxRecord | BaseException]:
-        """Snapshot the sandbox and start `count` children from it, each with its own id and
-        token and the source's env, metadata and lifecycle. A running source keeps running
-        (Forking meanwhile); a paused one, hot or cold, is forked from its paused state and
-        stays Paused (its lock, held throughout, keeps a resume or kill out). One entry per
-        child: its record, or the error that child failed with (children over max_sandboxes
-        get CapacityExhausted)."""
-        if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
-            raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
-        if timeout_s is not None:
-            self._check_timeout(timeout_s)
-        async with self._locks.hold(sandbox_id):
-            src = self.get(sandbox_id)
-            paused = src.state is S.PAUSED
-            if not paused:
-                src = self._running_for(sandbox_id, "a fork")
-            if not self._accepting:
-                raise ShuttingDown("the node is shutting down")
-            room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
-            n = min(count, room)
-            self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
-            ttl = src.timeout_s if timeout_s is None else timeout_s
-            kids = [self._child_record(src, ttl) for _ in range(n)]
-            for k in kids:
-                self.store.insert(k)
-            if n and not paused and not self.store.transition(
-                    sandbox_id, [S.RUNNING], S.FORKING, self.now_us()):
-                for k in kids:
-                    self.store.delete(k.sandbox_id, [S.CREATING])
-                raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(src.state))
-            t0 = time.perf_counter()
-            try:
-                results: list[SandboxHandle | BaseException] = []
-                if n:
-                    inits = [(k.sandbox_id, _agent_init(k)) for k in kids]
-                    async with stage("fork", "runtime_fork", sandbox_id):
-                        results = await self.runtime.fork(sandbox_id, inits)
-            except BaseException:
-                OPS_TOTAL.labels("fork", "error").inc()
-                for k in kids:
-                    self.store.delete(k.sandbox_id, [S.CREATING])
-                raise
-            finally:
-                if n and not paused:
-                    self.store.transition(sandbox_id, [S.FORKING], S.RUNNING, self.now_us())
-            out: list[SandboxRecord | BaseException] = []
-            for k, r in zip(kids, results, strict=True):
-                out.append(self._fork_child_started(k, r))
-        out += [CapacityExhausted(
-            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
-            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
-        ok = sum(isinstance(r, SandboxRecord) for r in out)
-        OPS_TOTAL.labels("fork", "ok").inc(ok)
-        log_event(log, "sandbox.forked", sandbox_id=sandbox_id, requested=count, started=ok,
-                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
-        return out
-
-    async def fork_snapshot(self, snapshot: str, count: int, timeout_s: int
-                            ) -> list[SandboxRecord | BaseException]:
-        """`count` sandboxes from a named snapshot (id or name) at once, as a fork's
-        children: restored in parallel (at most max_concurrent_boots at a time), each with
-        its own id, token and entropy. One entry per child, as `fork`."""
-        if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
-            raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
-        self._check_timeout(timeout_s)
-        snap = self.find_snapshot(snapshot)  # TemplateNotFound -> 404
-        info = self.resolve_template(snap.snapshot_id)
-        if not self._accepting:
-            raise ShuttingDown("the node is shutting down")
-        n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
-        self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")
-        req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s)
-        egress = EgressPolicy.from_request(None, [], [])
-        kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
-        for k in kids:
-            self.store.insert(k)
-        t0 = time.perf_counter()
-        self._snap_refs.acquire(snap.snapshot_id)  # a DELETE meanwhile waits for the clones
-        try:
-            async with stage("fork", "runtime_children", snap.snapshot_id):
-                results = await self.runtime.create_children(
-                    snap.snapshot_id, [(k.sandbox_id, _agent_init(k)) for k in kids])
-        except BaseException:
-            for k in kids:
-                self.store.delete(k.sandbox_id, [S.CREATING])
-            raise
-        finally:
-            if self._snap_refs.release(snap.snapshot_id):
-                self._delete_snapshot_files(snap.snapshot_id)
-        out: list[SandboxRecord | BaseException] = [
-            self._fork_child_started(k, r) for k, r in zip(kids, results, strict=True)]
-        out += [CapacityExhausted(
-            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
-            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
-        log_event(log, "snapshot.forked", snapshot_id=snap.snapshot_id, requested=count,
-                  started=sum(isinstance(r, SandboxRecord) for r in out),
-                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
-        return out
-
-    def _child_record(self, src: SandboxRecord, ttl_s: int) -> SandboxRecord:
-        now = self.now_us()
-        return SandboxRecord(
-            sandbox_id=new_sandbox_id(), template_id=src.template_id, alias=src.alias,
-            state=S.CREATING, started_at_us=now, end_at_us=now + ttl_s * 1_000_000,
-            timeout_s=ttl_s, vcpus=src.vcpus, memory_mib=src.memory_mib,
-            disk_mib=src.disk_mib, envd_version=src.envd_version,
-            metadata=dict(src.metadata), env_vars=dict(src.env_vars),
-            access_token=new_access_token() if src.access_token is not None else None,
-            auto_pause=src.auto_pause, auto_resume=src.auto_resume,
-            auto_pause_memory=src.auto_pause_memory,
-            allow_internet=src.allow_internet, egress=src.egress, updated_at_us=now,
-            default_user=src.default_user, default_workdir=src.default_workdir,
-        )  # fmt: skip
-
-    def _fork_child_started(
-        self, kid: SandboxRecord, r: SandboxHandle | BaseException
-    ) -> SandboxRecord | BaseException:
-        sid = kid.sandbox_id
-        if isinstance(r, BaseException):
-            self.store.delete(sid, [S.CREATING])
-            log_event(log, "sandbox.fork_child_failed", logging.WARNING, sandbox_id=sid,
-                      error=repr(r))  # fmt: skip
-            return r
-        now = self.now_us()
-        ok = self.store.transition(
-            sid, [S.CREATING], S.RUNNING, now, started_at_us=now,
-            end_at_us=now + kid.timeout_s * 1_000_000, slot_addr=r.slot_addr, vmm_pid=r.vmm_pid,
-        )  # fmt: skip
-        if not ok:
-            return ShuttingDown("the node is shutting down")
-        self.routes.add(r, kid.access_token)
-        return self.get(sid)
-
-    # -- TTL -------------------------------------------------------------------------------
 
     def _running(self, sandbox_id: str) -> SandboxRecord:
         rec = self.get(sandbox_id)

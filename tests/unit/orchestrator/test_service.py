@@ -16,7 +16,8 @@ from aenv.orchestrator.errors import (
     StateConflict,
 )
 from aenv.orchestrator.fake import FakeRuntime
-from aenv.orchestrator.service import ID_ALPHABET, CreateRequest, Orchestrator
+from aenv.orchestrator.requests import ID_ALPHABET, CreateRequest
+from aenv.orchestrator.service import Orchestrator
 from aenv.orchestrator.states import SandboxState
 
 from .conftest import make_config

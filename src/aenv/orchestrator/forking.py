@@ -1,0 +1,260 @@
+"""Snapshots (take, find, list, delete) and forks (of a sandbox or of a named snapshot)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateNotFound
+from aenv.network.egress import EgressPolicy
+from aenv.obs import OPS_TOTAL, log_event, stage
+from aenv.orchestrator import snapshots as snaps
+from aenv.orchestrator.errors import (
+    CapacityExhausted,
+    InvalidRequest,
+    NotFound,
+    ShuttingDown,
+    StateConflict,
+    Unsupported,
+)
+from aenv.orchestrator.requests import (
+    FULL_RETRY_AFTER_S,
+    MAX_FORK_COUNT,
+    CreateRequest,
+    agent_init,
+    new_access_token,
+    new_sandbox_id,
+)
+from aenv.orchestrator.states import HOLDS_CAPACITY, SandboxState
+from aenv.orchestrator.store import SandboxRecord
+
+log = logging.getLogger("aenv.orchestrator")
+S = SandboxState
+
+
+class Forking:
+    """Part of `Orchestrator` (orchestrator/service.py), whose state it uses."""
+
+    async def snapshot(self, sandbox_id: str, name: str | None = None, *,
+                       memory: bool = True) -> SnapshotInfo:
+        """Running -> Snapshotting -> Running: clone the sandbox into a new snapshot, usable
+        as a templateID. The sandbox keeps running (it stops only while its state is saved).
+        `memory=False`: filesystem-only, the disk alone; a create from it cold-boots."""
+        names = snaps.check_name(name)
+        async with self._locks.hold(sandbox_id):
+            rec = self._running_for(sandbox_id, "a snapshot")
+            self._admit(0, "take a snapshot", vms=0, boot=False)
+            if not self.store.transition(sandbox_id, [S.RUNNING], S.SNAPSHOTTING, self.now_us()):
+                raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(rec.state))
+            snap_id = snaps.new_snapshot_id()
+            t0 = time.perf_counter()
+            try:
+                async with stage("snapshot", "runtime_snapshot", sandbox_id):
+                    info = await self.runtime.snapshot_sandbox(sandbox_id, snap_id, names,
+                                                               memory=memory)
+            except BaseException:
+                OPS_TOTAL.labels("snapshot", "error").inc()
+                raise
+            finally:
+                # The runtime lets the VM continue whatever happened.
+                self.store.transition(sandbox_id, [S.SNAPSHOTTING], S.RUNNING, self.now_us())
+        OPS_TOTAL.labels("snapshot", "ok").inc()
+        log_event(log, "snapshot.created", sandbox_id=sandbox_id, snapshot_id=snap_id,
+                  mode="full" if memory else "filesystem",
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+        return info
+
+    def _snapshots(self) -> list[SnapshotInfo]:
+        return [s for s in self.runtime.list_snapshots()
+                if not self._snap_refs.hidden(s.snapshot_id)]  # fmt: skip
+
+    def find_snapshot(self, name: str) -> SnapshotInfo:
+        """By id, else the newest carrying `name`; TemplateNotFound (404)."""
+        if not self._snap_refs.hidden(name):
+            try:
+                return self.runtime.snapshot_info(name)
+            except TemplateNotFound:
+                pass
+        return snaps.newest_named(self._snapshots(), name)
+
+    def list_snapshots(
+        self, sandbox_id: str | None = None, name: str | None = None,
+        limit: int = snaps.MAX_PAGE, cursor: tuple[int, str] | None = None,
+    ) -> tuple[list[SnapshotInfo], tuple[int, str] | None]:
+        return snaps.page(self._snapshots(), sandbox_id=sandbox_id, name=name, limit=limit,
+                          cursor=cursor)  # fmt: skip
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Gone from listings and lookups at once; its files go now, or when the last
+        restore in flight from it has cloned them. NotFound (404). A template is deleted
+        the same way (sandboxes and snapshots made from it keep their own files), except the
+        node's default template (400)."""
+        if self._snap_refs.hidden(snapshot_id):
+            raise NotFound(f"snapshot '{snapshot_id}' not found")
+        try:
+            self.runtime.snapshot_info(snapshot_id)
+        except TemplateNotFound:
+            try:
+                info = self.runtime.template(snapshot_id)
+            except TemplateNotFound:
+                raise NotFound(f"snapshot '{snapshot_id}' not found") from None
+            if info.template_id == self.config.default_template:
+                raise Unsupported(f"'{snapshot_id}' is the node's default template: it is "
+                                  "rebuilt or removed with the aenv CLI") from None
+            if not hasattr(self.runtime, "remove_template"):
+                raise Unsupported(f"'{snapshot_id}' is a template this runtime cannot "
+                                  "remove") from None
+            self.runtime.remove_template(info.template_id)
+            snapshot_id = info.build_id  # the template's snapshot, deleted like any other
+        if self._snap_refs.doom(snapshot_id):
+            self._delete_snapshot_files(snapshot_id)
+        OPS_TOTAL.labels("snapshot_delete", "ok").inc()
+        log_event(log, "snapshot.deleted", snapshot_id=snapshot_id,
+                  deferred=self._snap_refs.hidden(snapshot_id))  # fmt: skip
+
+    def _delete_snapshot_files(self, snapshot_id: str) -> None:
+        try:
+            self.runtime.delete_snapshot(snapshot_id)
+        except TemplateNotFound:
+            pass
+        except Exception:
+            log.exception("snapshot.delete_failed", extra={"kv": {"snapshot_id": snapshot_id}})
+
+    # -- fork ------------------------------------------------------------------------------
+
+    async def fork(
+        self, sandbox_id: str, count: int, timeout_s: int | None = None
+    ) -> list[SandboxRecord | BaseException]:
+        """Snapshot the sandbox and start `count` children from it, each with its own id and
+        token and the source's env, metadata and lifecycle. A running source keeps running
+        (Forking meanwhile); a paused one, hot or cold, is forked from its paused state and
+        stays Paused (its lock, held throughout, keeps a resume or kill out). One entry per
+        child: its record, or the error that child failed with (children over max_sandboxes
+        get CapacityExhausted)."""
+        if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
+            raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
+        if timeout_s is not None:
+            self._check_timeout(timeout_s)
+        async with self._locks.hold(sandbox_id):
+            src = self.get(sandbox_id)
+            paused = src.state is S.PAUSED
+            if not paused:
+                src = self._running_for(sandbox_id, "a fork")
+            if not self._accepting:
+                raise ShuttingDown("the node is shutting down")
+            room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
+            n = min(count, room)
+            self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
+            ttl = src.timeout_s if timeout_s is None else timeout_s
+            kids = [self._child_record(src, ttl) for _ in range(n)]
+            for k in kids:
+                self.store.insert(k)
+            if n and not paused and not self.store.transition(
+                    sandbox_id, [S.RUNNING], S.FORKING, self.now_us()):
+                for k in kids:
+                    self.store.delete(k.sandbox_id, [S.CREATING])
+                raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(src.state))
+            t0 = time.perf_counter()
+            try:
+                results: list[SandboxHandle | BaseException] = []
+                if n:
+                    inits = [(k.sandbox_id, agent_init(k)) for k in kids]
+                    async with stage("fork", "runtime_fork", sandbox_id):
+                        results = await self.runtime.fork(sandbox_id, inits)
+            except BaseException:
+                OPS_TOTAL.labels("fork", "error").inc()
+                for k in kids:
+                    self.store.delete(k.sandbox_id, [S.CREATING])
+                raise
+            finally:
+                if n and not paused:
+                    self.store.transition(sandbox_id, [S.FORKING], S.RUNNING, self.now_us())
+            out: list[SandboxRecord | BaseException] = []
+            for k, r in zip(kids, results, strict=True):
+                out.append(self._fork_child_started(k, r))
+        out += [CapacityExhausted(
+            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
+            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
+        ok = sum(isinstance(r, SandboxRecord) for r in out)
+        OPS_TOTAL.labels("fork", "ok").inc(ok)
+        log_event(log, "sandbox.forked", sandbox_id=sandbox_id, requested=count, started=ok,
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+        return out
+
+    async def fork_snapshot(self, snapshot: str, count: int, timeout_s: int
+                            ) -> list[SandboxRecord | BaseException]:
+        """`count` sandboxes from a named snapshot (id or name) at once, as a fork's
+        children: restored in parallel (at most max_concurrent_boots at a time), each with
+        its own id, token and entropy. One entry per child, as `fork`."""
+        if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
+            raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
+        self._check_timeout(timeout_s)
+        snap = self.find_snapshot(snapshot)  # TemplateNotFound -> 404
+        info = self.resolve_template(snap.snapshot_id)
+        if not self._accepting:
+            raise ShuttingDown("the node is shutting down")
+        n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
+        self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")
+        req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s)
+        egress = EgressPolicy.from_request(None, [], [])
+        kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
+        for k in kids:
+            self.store.insert(k)
+        t0 = time.perf_counter()
+        self._snap_refs.acquire(snap.snapshot_id)  # a DELETE meanwhile waits for the clones
+        try:
+            async with stage("fork", "runtime_children", snap.snapshot_id):
+                results = await self.runtime.create_children(
+                    snap.snapshot_id, [(k.sandbox_id, agent_init(k)) for k in kids])
+        except BaseException:
+            for k in kids:
+                self.store.delete(k.sandbox_id, [S.CREATING])
+            raise
+        finally:
+            if self._snap_refs.release(snap.snapshot_id):
+                self._delete_snapshot_files(snap.snapshot_id)
+        out: list[SandboxRecord | BaseException] = [
+            self._fork_child_started(k, r) for k, r in zip(kids, results, strict=True)]
+        out += [CapacityExhausted(
+            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
+            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
+        log_event(log, "snapshot.forked", snapshot_id=snap.snapshot_id, requested=count,
+                  started=sum(isinstance(r, SandboxRecord) for r in out),
+                  ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+        return out
+
+    def _child_record(self, src: SandboxRecord, ttl_s: int) -> SandboxRecord:
+        now = self.now_us()
+        return SandboxRecord(
+            sandbox_id=new_sandbox_id(), template_id=src.template_id, alias=src.alias,
+            state=S.CREATING, started_at_us=now, end_at_us=now + ttl_s * 1_000_000,
+            timeout_s=ttl_s, vcpus=src.vcpus, memory_mib=src.memory_mib,
+            disk_mib=src.disk_mib, envd_version=src.envd_version,
+            metadata=dict(src.metadata), env_vars=dict(src.env_vars),
+            access_token=new_access_token() if src.access_token is not None else None,
+            auto_pause=src.auto_pause, auto_resume=src.auto_resume,
+            auto_pause_memory=src.auto_pause_memory,
+            allow_internet=src.allow_internet, egress=src.egress, updated_at_us=now,
+            default_user=src.default_user, default_workdir=src.default_workdir,
+        )  # fmt: skip
+
+    def _fork_child_started(
+        self, kid: SandboxRecord, r: SandboxHandle | BaseException
+    ) -> SandboxRecord | BaseException:
+        sid = kid.sandbox_id
+        if isinstance(r, BaseException):
+            self.store.delete(sid, [S.CREATING])
+            log_event(log, "sandbox.fork_child_failed", logging.WARNING, sandbox_id=sid,
+                      error=repr(r))  # fmt: skip
+            return r
+        now = self.now_us()
+        ok = self.store.transition(
+            sid, [S.CREATING], S.RUNNING, now, started_at_us=now,
+            end_at_us=now + kid.timeout_s * 1_000_000, slot_addr=r.slot_addr, vmm_pid=r.vmm_pid,
+        )  # fmt: skip
+        if not ok:
+            return ShuttingDown("the node is shutting down")
+        self.routes.add(r, kid.access_token)
+        return self.get(sid)
+
+    # -- TTL -------------------------------------------------------------------------------
