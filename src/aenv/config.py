@@ -42,6 +42,16 @@ class RegistryConfig(BaseModel):
     insecure_loopback: bool = True  # false: loopback registries need verified HTTPS too
 
 
+class ClusterConfig(BaseModel):
+    """Membership of a cluster (docs/cluster.md). No etcd endpoints: a standalone node."""
+
+    etcd_endpoints: list[str] = Field(default_factory=list)
+    prefix: str = Field("/aenv/", pattern=r"^/.*/$")  # every key aenv writes is under it
+    node_name: str = ""  # default: "<hostname>-<instance>"
+    node_url: str = ""  # how gateways reach this node; default: public_url or http://host:port
+    lease_ttl_s: int = Field(10, ge=2, le=300)  # a dead node is lost within this
+
+
 class Config(BaseModel):
     data_dir: Path = Path("/var/lib/aenv")
     # Sparse XFS image mounted at data_dir when data_dir's filesystem cannot reflink.
@@ -110,6 +120,7 @@ class Config(BaseModel):
     disk_reserve_mib: int = Field(1024, ge=0)
     log_level: str = "info"
     registry: RegistryConfig = RegistryConfig()
+    cluster: ClusterConfig = ClusterConfig()
     # Template builds (E2B's build API): how many run at once, what their build VMs may reach
     # (CIDRs; "0.0.0.0/0" is the public internet, as E2B gives builds for apt-get and pip;
     # private and host ranges stay closed), and the largest build context archive.
@@ -237,6 +248,14 @@ _SIMPLE_ENV = {
 }
 
 
+_CLUSTER_ENV = {
+    "CLUSTER_PREFIX": "prefix",
+    "NODE_NAME": "node_name",
+    "NODE_URL": "node_url",
+    "CLUSTER_LEASE_TTL_S": "lease_ttl_s",
+}
+
+
 def load(
     path: Path | None = None, env: dict[str, str] | None = None, **overrides: object
 ) -> Config:
@@ -263,5 +282,13 @@ def load(
         registry = dict(data.get("registry") or {})  # type: ignore[call-overload]
         registry["mirrors"] = mirrors
         data["registry"] = registry
+    cluster = dict(data.get("cluster") or {})  # type: ignore[call-overload]
+    for suffix, key in _CLUSTER_ENV.items():
+        if ENV_PREFIX + suffix in env:
+            cluster[key] = env[ENV_PREFIX + suffix]
+    if ENV_PREFIX + "ETCD_ENDPOINTS" in env:  # "http://10.0.0.1:2379,http://10.0.0.2:2379"
+        urls = env[ENV_PREFIX + "ETCD_ENDPOINTS"].split(",")
+        cluster["etcd_endpoints"] = [u.strip() for u in urls if u.strip()]
+    data["cluster"] = cluster
     data.update({k: v for k, v in overrides.items() if v is not None})
     return Config.model_validate(data)

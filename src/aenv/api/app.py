@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -26,6 +26,9 @@ from aenv.images.context import ContextStore
 from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
 from aenv.orchestrator.service import Orchestrator
+
+if TYPE_CHECKING:
+    from aenv.cluster.node import NodeMembership
 
 log = logging.getLogger("aenv.api")
 
@@ -87,9 +90,20 @@ class Node:
         self.api = build_api(self)
         self._health = _HEALTH
         self._started = False
+        self.membership: NodeMembership | None = None
 
     async def start(self) -> None:
         await self.orchestrator.start()
+        if self.config.cluster.etcd_endpoints:
+            from aenv.cluster.node import NodeMembership  # a standalone node needs no etcd
+
+            self.membership = NodeMembership(self.config, self.orchestrator)
+            try:
+                await self.membership.start()
+            except BaseException:
+                await self.membership.stop()
+                await self.orchestrator.close()
+                raise
         # Node info rides on /health: the accelerator the runtime detected (kvm or tcg).
         accel = getattr(self.orchestrator.runtime, "accel", None)
         self._health = json.dumps(
@@ -103,6 +117,8 @@ class Node:
 
     async def close(self) -> None:
         try:
+            if self.membership is not None:  # leave the cluster first: no new placements
+                await self.membership.stop()
             if self.builds is not None:
                 await self.builds.close()  # their VMs go before the runtime does
             await self.orchestrator.close()

@@ -13,7 +13,16 @@ from typing import Annotated
 import typer
 
 import aenv
-from aenv.cli import census, completion, images, sandboxes, snapshots, templates, transfer
+from aenv.cli import (
+    census,
+    cluster,
+    completion,
+    images,
+    sandboxes,
+    snapshots,
+    templates,
+    transfer,
+)
 from aenv.cli.auth import auth
 from aenv.cli.errors import AenvTyper
 
@@ -65,6 +74,7 @@ app.command("pull")(images.pull)
 app.command("auth")(auth)
 app.command("completion")(completion.completion)
 app.command("census")(census.census)
+app.add_typer(cluster.app, name="cluster")
 
 
 # --- the node -------------------------------------------------------------------------------

@@ -163,10 +163,14 @@ class HotTier:
     def resident_mib(self) -> int:
         return sum(h.rss for h in self._hot.values()) >> 20
 
+    def memory_budget_mib(self) -> int:
+        """The node's memory budget for sandboxes: running VMs' RAM plus hot VMMs' RSS."""
+        return self.cfg.memory_budget_mib or max(host_memory_mib() - 2048, 1024)
+
     async def make_room(self, committed_mib: int, new_mib: int) -> None:
         """Demote the oldest hot VMMs while `committed_mib` (running VMs' RAM) + the hot
         VMMs' resident memory + `new_mib` is over the node's memory budget."""
-        budget = self.cfg.memory_budget_mib or max(host_memory_mib() - 2048, 1024)
+        budget = self.memory_budget_mib()
         while self._hot and committed_mib + self.resident_mib() + new_mib > budget:
             await self.demote(next(iter(self._hot)), "memory")
 

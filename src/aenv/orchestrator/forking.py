@@ -64,6 +64,10 @@ class Forking:
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return info
 
+    def snapshot_list(self) -> list[SnapshotInfo]:
+        """Every snapshot of this node that is not being deleted."""
+        return self._snapshots()
+
     def _snapshots(self) -> list[SnapshotInfo]:
         return [s for s in self.runtime.list_snapshots()
                 if not self._snap_refs.hidden(s.snapshot_id)]  # fmt: skip

@@ -111,6 +111,11 @@ class Orchestrator(Pausing, Forking):
         self._started = True
         log_event(log, "node.started", sandboxes=len(self.routes))
 
+    @property
+    def accepting(self) -> bool:
+        """False once shutdown began: no new sandboxes are taken."""
+        return self._accepting
+
     def begin_shutdown(self) -> None:
         """Stop accepting creates and end open data-plane streams (SIGTERM, first step)."""
         if not self._accepting:

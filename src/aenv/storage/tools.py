@@ -65,7 +65,8 @@ def _guest_dir() -> Path:
     return Path(aenv.guest.__file__).parent
 
 
-def _hash_inputs() -> str:
+def tools_key() -> str:
+    """The hash of everything that goes into the tools drive: its directory name."""
     h = hashlib.sha256()
     roots = [_guest_dir(), *_package_dirs(_runtime_packages())]
     for root in roots:
@@ -160,7 +161,7 @@ def _stage(root: Path) -> None:
 
 def ensure_tools(artifacts_dir: Path, log: Callable[[str], None] = print) -> Path:
     """Return the path of the tools drive image, building it if its inputs changed."""
-    key = _hash_inputs()
+    key = tools_key()
     final = artifacts_dir / "tools" / key / "tools.ext4"
     if final.exists():
         return final

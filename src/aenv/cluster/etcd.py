@@ -1,0 +1,242 @@
+"""etcd v3 over its own JSON gateway (`/v3/...`, etcd >= 3.4), with httpx.
+
+etcd serves its gRPC API as HTTP/JSON too, so the cluster plane needs no gRPC stack and no
+unmaintained client library (PyPI `etcd3` was last released in 2020). Keys and values are
+bytes, base64 in JSON; int64 fields come back as strings. Only what aenv uses is here:
+ranges, puts, deletes, transactions, leases and watches.
+
+Several endpoints may be given (the members of one cluster): a request that cannot connect
+to one is tried on the next, and the one that answered is tried first from then on.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+CONNECT_TIMEOUT_S = 2.0
+REQUEST_TIMEOUT_S = 5.0
+
+
+class EtcdError(Exception):
+    """etcd answered with an error (bad request, lease not found, ...)."""
+
+
+class EtcdUnavailable(EtcdError):
+    """No endpoint could be reached, or the cluster has no leader."""
+
+
+def _b64(data: bytes | str) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return base64.b64encode(raw).decode()
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def prefix_end(prefix: bytes | str) -> bytes:
+    """The range end that makes a range of every key starting with `prefix`."""
+    raw = bytearray(prefix.encode() if isinstance(prefix, str) else prefix)
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return bytes(raw)
+        raw.pop()
+    return b"\0"  # every key
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+    @classmethod
+    def from_json(cls, kv: dict[str, Any]) -> KeyValue:
+        return cls(
+            key=_unb64(kv.get("key")).decode(), value=_unb64(kv.get("value")),
+            create_revision=int(kv.get("create_revision", 0)),
+            mod_revision=int(kv.get("mod_revision", 0)),
+            version=int(kv.get("version", 0)), lease=int(kv.get("lease", 0)),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: Literal["PUT", "DELETE"]
+    kv: KeyValue
+    revision: int  # the revision of the response that carried it
+
+
+# -- transaction parts (etcd's Compare and RequestOp, as JSON) --------------------------
+def compare_version(key: str, op: Literal["EQUAL", "GREATER", "LESS", "NOT_EQUAL"],
+                    version: int) -> dict[str, Any]:
+    """Compare a key's version (0: the key does not exist)."""
+    return {"key": _b64(key), "target": "VERSION", "result": op, "version": str(version)}
+
+
+def compare_mod(key: str, op: Literal["EQUAL", "GREATER", "LESS", "NOT_EQUAL"],
+                revision: int) -> dict[str, Any]:
+    """Compare a key's last modification revision (0 if it does not exist)."""
+    return {"key": _b64(key), "target": "MOD", "result": op, "mod_revision": str(revision)}
+
+
+def put_op(key: str, value: bytes | str, lease: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return {"request_put": body}
+
+
+def delete_op(key: str) -> dict[str, Any]:
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
+def range_op(key: str) -> dict[str, Any]:
+    return {"request_range": {"key": _b64(key)}}
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+    responses: list[dict[str, Any]]
+
+    def ranges(self) -> list[list[KeyValue]]:
+        """The key-values of each range request the transaction ran, in order."""
+        return [[KeyValue.from_json(kv) for kv in r["response_range"].get("kvs", [])]
+                for r in self.responses if "response_range" in r]  # fmt: skip
+
+
+class Etcd:
+    """An async client of one etcd cluster (see the module docstring)."""
+
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        if not endpoints:
+            raise ValueError("etcd needs at least one endpoint")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), trust_env=False,
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        last: Exception | None = None
+        for i, base in enumerate(list(self.endpoints)):
+            try:
+                r = await self._http.post(base + path, json=body)
+            except httpx.TransportError as e:
+                last = e
+                continue
+            if i:  # this one answered: ask it first next time
+                self.endpoints.insert(0, self.endpoints.pop(i))
+            return _answer(r)
+        raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): {last}")
+
+    # -- keys ----------------------------------------------------------------------------
+    async def get(self, key: str) -> KeyValue | None:
+        out = await self._post("/v3/kv/range", {"key": _b64(key)})
+        kvs = out.get("kvs", [])
+        return KeyValue.from_json(kvs[0]) if kvs else None
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """Every key under `prefix`, and the revision they were read at (to watch from)."""
+        out = await self._post("/v3/kv/range", {"key": _b64(prefix),
+                                                "range_end": _b64(prefix_end(prefix))})
+        return ([KeyValue.from_json(kv) for kv in out.get("kvs", [])],
+                int(out["header"]["revision"]))  # fmt: skip
+
+    async def put(self, key: str, value: bytes | str, *, lease: int = 0) -> int:
+        """Returns the revision of the write."""
+        out = await self._post("/v3/kv/put", put_op(key, value, lease)["request_put"])
+        return int(out["header"]["revision"])
+
+    async def delete(self, key: str) -> int:
+        """Returns how many keys were deleted (0 or 1)."""
+        out = await self._post("/v3/kv/deleterange", {"key": _b64(key)})
+        return int(out.get("deleted", 0))
+
+    async def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
+                  failure: list[dict[str, Any]] | None = None) -> TxnResult:
+        """All of `compare` true: run `success`, else `failure`; atomically."""
+        out = await self._post("/v3/kv/txn", {"compare": compare, "success": success,
+                                              "failure": failure or []})
+        return TxnResult(bool(out.get("succeeded", False)), int(out["header"]["revision"]),
+                         out.get("responses", []))  # fmt: skip
+
+    # -- leases --------------------------------------------------------------------------
+    async def grant(self, ttl_s: int) -> int:
+        out = await self._post("/v3/lease/grant", {"TTL": str(ttl_s)})
+        return int(out["ID"])
+
+    async def keepalive(self, lease: int) -> int:
+        """Renew `lease` once. Returns its TTL, 0 if it has expired (or never existed)."""
+        out = await self._post("/v3/lease/keepalive", {"ID": str(lease)})
+        return int(out.get("result", {}).get("TTL", 0))
+
+    async def revoke(self, lease: int) -> None:
+        """End `lease` now, and with it every key attached to it."""
+        try:
+            await self._post("/v3/lease/revoke", {"ID": str(lease)})
+        except EtcdError as e:
+            if "not found" not in str(e):
+                raise
+
+    # -- watches -------------------------------------------------------------------------
+    async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+        """Every change under `prefix` from `start_revision` on, until the caller stops or
+        the connection ends (EtcdUnavailable: read again and watch from the new revision)."""
+        body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
+                                   "start_revision": str(start_revision)}}
+        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        for base in list(self.endpoints):
+            try:
+                async with self._http.stream("POST", base + "/v3/watch", json=body,
+                                             timeout=timeout) as r:
+                    if r.status_code != 200:
+                        _answer(httpx.Response(r.status_code, content=await r.aread()))
+                    async for line in r.aiter_lines():
+                        for ev in _watch_events(line):
+                            yield ev
+                    raise EtcdUnavailable("the watch stream ended")
+            except httpx.TransportError:
+                continue
+        raise EtcdUnavailable("no etcd endpoint took the watch")
+
+
+def _watch_events(line: str) -> list[WatchEvent]:
+    if not line.strip():
+        return []
+    msg = json.loads(line)
+    if "error" in msg:
+        raise EtcdError(f"watch: {msg['error'].get('message', msg['error'])}")
+    result = msg.get("result", {})
+    if result.get("compact_revision") and not result.get("events"):
+        raise EtcdError(f"watch: revision compacted (at {result['compact_revision']})")
+    rev = int(result.get("header", {}).get("revision", 0))
+    return [WatchEvent(type=e.get("type", "PUT"), kv=KeyValue.from_json(e["kv"]), revision=rev)
+            for e in result.get("events", [])]  # fmt: skip
+
+
+def _answer(r: httpx.Response) -> dict[str, Any]:
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"message": r.text[:200]}
+    if r.status_code == 200:
+        return body
+    message = body.get("message") or body.get("error") or r.reason_phrase
+    if r.status_code in (502, 503, 504) or "no leader" in str(message):
+        raise EtcdUnavailable(f"etcd: {message}")
+    raise EtcdError(f"etcd: {message}")

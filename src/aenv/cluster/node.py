@@ -1,0 +1,80 @@
+"""A node's part in a cluster: what it publishes about itself, and its registration.
+
+Started by the node (`api/app.py`) when `cluster.etcd_endpoints` is set; a standalone node
+never imports etcd at all.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import aenv
+from aenv.cluster.etcd import Etcd
+from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
+from aenv.orchestrator.states import HOLDS_CAPACITY
+from aenv.storage.kernel import kernel_cache_key
+from aenv.storage.tools import tools_key
+
+if TYPE_CHECKING:
+    from aenv.config import Config
+    from aenv.orchestrator.service import Orchestrator
+
+
+def node_name(cfg: Config) -> str:
+    return cfg.cluster.node_name or f"{socket.gethostname()}-{cfg.instance}"
+
+
+def node_url(cfg: Config) -> str:
+    if cfg.cluster.node_url:
+        return cfg.cluster.node_url.rstrip("/")
+    if cfg.public_url:
+        return cfg.public_url.rstrip("/")
+    host = socket.gethostname() if cfg.host in ("0.0.0.0", "::") else cfg.host
+    return f"http://{host}:{cfg.port}"
+
+
+class NodeMembership:
+    """Builds this node's `NodeRecord` from its orchestrator and keeps it registered."""
+
+    def __init__(self, cfg: Config, orchestrator: Orchestrator) -> None:
+        self.cfg = cfg
+        self.orch = orchestrator
+        self.started_at = time.time()
+        # Fixed for the process: the guest side it would build or restore with.
+        self._kernel = kernel_cache_key()
+        self._tools = tools_key()
+        self.etcd = Etcd(cfg.cluster.etcd_endpoints)
+        self.registration = Registration(self.etcd, cfg.cluster.prefix, self.record,
+                                         ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
+
+    def record(self) -> NodeRecord:
+        orch, runtime = self.orch, self.orch.runtime
+        hot = getattr(runtime, "hot", None)
+        accel = getattr(runtime, "accel", None)
+        budget = hot.memory_budget_mib() if hot is not None else 0
+        return NodeRecord(
+            name=node_name(self.cfg), url=node_url(self.cfg), version=aenv.__version__,
+            accelerator=accel() if callable(accel) else None,
+            kernel=self._kernel, tools=self._tools,
+            capacity=Capacity(max_sandboxes=self.cfg.max_sandboxes, memory_mib=budget),
+            usage=Usage(
+                sandboxes=orch.store.count(HOLDS_CAPACITY),
+                memory_mib=orch.store.sum_memory_mib(HOLDS_CAPACITY),
+                hot_paused=len(hot.names()) if hot is not None else 0,
+                hot_rss_mib=hot.resident_mib() if hot is not None else 0,
+            ),
+            templates=sorted(t.template_id for t in orch.templates()),
+            snapshots=sorted(s.snapshot_id for s in orch.snapshot_list()),
+            draining=not orch.accepting, started_at=self.started_at,
+        )  # fmt: skip
+
+    async def start(self) -> None:
+        await self.registration.start()
+
+    async def stop(self) -> None:
+        try:
+            await self.registration.stop()
+        finally:
+            await self.etcd.aclose()

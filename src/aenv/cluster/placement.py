@@ -1,0 +1,196 @@
+"""Placement: which node a new sandbox goes to, with each node's capacity enforced by etcd.
+
+- A node's reservation (`<prefix>reservations/<node>`: sandboxes and memory placed on it) and
+  a sandbox's binding (`<prefix>bindings/<sandbox id>`: its node) are written in **one etcd
+  transaction**, guarded by the reservation's last modification revision. Two gateways that
+  choose the same node at once cannot both succeed: the loser reads again and chooses again.
+  So however many place at once, no node goes over its `max_sandboxes` or memory budget.
+- The choice itself is a `Placement` policy (`choose(request, nodes) -> node | None`);
+  `PreferLocal` is the default: nodes that hold the template or snapshot first, then the
+  least loaded.
+- `release` removes a binding and gives its reservation back, in one transaction too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from aenv.cluster.etcd import (
+    Etcd,
+    EtcdError,
+    KeyValue,
+    compare_mod,
+    compare_version,
+    delete_op,
+    put_op,
+)
+from aenv.cluster.membership import NodeRecord
+
+log = logging.getLogger("aenv.cluster")
+
+ATTEMPTS = 64  # transactions lost to other placers before giving up (then 503)
+BACKOFF_S = 0.005  # up to this, at random, after a lost transaction: the losers spread out
+
+
+class PlacementFailed(Exception):
+    """No node can take the sandbox (all full or draining), or too much contention."""
+
+
+class Reservation(BaseModel):
+    """What placements have committed on one node."""
+
+    sandboxes: int = 0
+    memory_mib: int = 0
+
+
+class Binding(BaseModel):
+    """Where a sandbox lives, and what it reserved there."""
+
+    node: str
+    memory_mib: int
+    template: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    sandbox_id: str
+    memory_mib: int
+    template: str = ""  # a template or snapshot id: nodes that hold it are preferred
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node as a policy sees it: its record and what is already reserved on it."""
+
+    record: NodeRecord
+    reserved: Reservation
+
+    def fits(self, req: PlacementRequest) -> bool:
+        cap = self.record.capacity
+        return (not self.record.draining
+                and self.reserved.sandboxes + 1 <= cap.max_sandboxes
+                and self.reserved.memory_mib + req.memory_mib <= cap.memory_mib)  # fmt: skip
+
+    def load(self) -> float:
+        cap = self.record.capacity
+        return max(self.reserved.sandboxes / max(cap.max_sandboxes, 1),
+                   self.reserved.memory_mib / max(cap.memory_mib, 1))  # fmt: skip
+
+
+class Placement(Protocol):
+    def choose(self, req: PlacementRequest, nodes: Sequence[NodeView]) -> NodeView | None:
+        """The node to place `req` on, among those that fit it; None if none does."""
+        ...
+
+
+class PreferLocal:
+    """Nodes holding the template or snapshot first (no transfer), then the least loaded;
+    ties by name, so the choice is the same on every gateway."""
+
+    def choose(self, req: PlacementRequest, nodes: Sequence[NodeView]) -> NodeView | None:
+        fitting = [n for n in nodes if n.fits(req)]
+        if not fitting:
+            return None
+
+        def key(n: NodeView) -> tuple[bool, float, str]:
+            local = bool(req.template) and (req.template in n.record.templates
+                                            or req.template in n.record.snapshots)
+            return (not local, n.load(), n.record.name)
+
+        return min(fitting, key=key)
+
+
+def reservation_key(prefix: str, node: str) -> str:
+    return f"{prefix}reservations/{node}"
+
+
+def binding_key(prefix: str, sandbox_id: str) -> str:
+    return f"{prefix}bindings/{sandbox_id}"
+
+
+async def _reservations(etcd: Etcd, prefix: str) -> dict[str, tuple[Reservation, int]]:
+    """Each node's reservation and its mod revision (0: none written yet)."""
+    kvs, _ = await etcd.get_prefix(f"{prefix}reservations/")
+    out = {}
+    for kv in kvs:
+        out[kv.key.rsplit("/", 1)[1]] = (_reservation(kv), kv.mod_revision)
+    return out
+
+
+def _reservation(kv: KeyValue | None) -> Reservation:
+    if kv is None:
+        return Reservation()
+    try:
+        return Reservation.model_validate_json(kv.value)
+    except ValidationError:
+        log.warning("reservation %s does not parse: counted as empty", kv.key)
+        return Reservation()
+
+
+def _guard(key: str, revision: int) -> dict[str, object]:
+    # A reservation never written has version 0; a written one must be unchanged since read.
+    return compare_version(key, "EQUAL", 0) if revision == 0 else \
+        compare_mod(key, "EQUAL", revision)
+
+
+async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: PlacementRequest,
+                policy: Placement | None = None) -> NodeRecord:
+    """Choose a node for `req` and commit its binding and reservation, or PlacementFailed.
+    A sandbox id already bound is refused (EtcdError): ids are never reused."""
+    policy = policy or PreferLocal()
+    bkey = binding_key(prefix, req.sandbox_id)
+    for _ in range(ATTEMPTS):
+        reserved = await _reservations(etcd, prefix)
+        views = [NodeView(n, reserved.get(n.name, (Reservation(), 0))[0]) for n in nodes]
+        chosen = policy.choose(req, views)
+        if chosen is None:
+            raise PlacementFailed("no node has room for the sandbox "
+                                  f"({len(nodes)} nodes, {req.memory_mib} MiB asked)")
+        name = chosen.record.name
+        rkey = reservation_key(prefix, name)
+        now, revision = reserved.get(name, (Reservation(), 0))
+        after = Reservation(sandboxes=now.sandboxes + 1, memory_mib=now.memory_mib + req.memory_mib)
+        binding = Binding(node=name, memory_mib=req.memory_mib, template=req.template)
+        r = await etcd.txn([_guard(rkey, revision), compare_version(bkey, "EQUAL", 0)],
+                           [put_op(rkey, after.model_dump_json()),
+                            put_op(bkey, binding.model_dump_json())])  # fmt: skip
+        if r.succeeded:
+            return chosen.record
+        if await etcd.get(bkey) is not None:
+            raise EtcdError(f"sandbox {req.sandbox_id} is already bound")
+        await asyncio.sleep(random.uniform(0, BACKOFF_S))
+    raise PlacementFailed(f"placement lost {ATTEMPTS} transactions in a row to other placers")
+
+
+async def binding(etcd: Etcd, prefix: str, sandbox_id: str) -> Binding | None:
+    kv = await etcd.get(binding_key(prefix, sandbox_id))
+    return Binding.model_validate_json(kv.value) if kv is not None else None
+
+
+async def release(etcd: Etcd, prefix: str, sandbox_id: str) -> bool:
+    """Remove `sandbox_id`'s binding and give back what it reserved. False if unbound."""
+    bkey = binding_key(prefix, sandbox_id)
+    for _ in range(ATTEMPTS):
+        bkv = await etcd.get(bkey)
+        if bkv is None:
+            return False
+        b = Binding.model_validate_json(bkv.value)
+        rkey = reservation_key(prefix, b.node)
+        rkv = await etcd.get(rkey)
+        now = _reservation(rkv)
+        after = Reservation(sandboxes=max(now.sandboxes - 1, 0),
+                            memory_mib=max(now.memory_mib - b.memory_mib, 0))  # fmt: skip
+        r = await etcd.txn([compare_mod(bkey, "EQUAL", bkv.mod_revision),
+                            _guard(rkey, rkv.mod_revision if rkv else 0)],
+                           [delete_op(bkey), put_op(rkey, after.model_dump_json())])  # fmt: skip
+        if r.succeeded:
+            return True
+        await asyncio.sleep(random.uniform(0, BACKOFF_S))
+    raise PlacementFailed(f"release lost {ATTEMPTS} transactions in a row")

@@ -1,0 +1,103 @@
+"""Node membership (`cluster/membership.py`) against a real etcd: a node's record under its
+lease, kept alive past the TTL, republished on change, gone on stop or when the node dies,
+registered again after its lease expired, and a watching view that follows all of it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from aenv.cluster.etcd import Etcd
+from aenv.cluster.membership import Capacity, Members, NodeRecord, Registration, Usage
+from tests.support.etcd import EtcdCluster, etcd_cluster
+
+
+@pytest.fixture(scope="module")
+def one() -> Iterator[EtcdCluster]:
+    with etcd_cluster(1) as c:
+        yield c
+
+
+@pytest.fixture
+async def etcd(one: EtcdCluster) -> AsyncIterator[Etcd]:
+    client = Etcd(one.endpoints)
+    yield client
+    await client.aclose()
+
+
+class FakeNode:
+    """What a node reports; the test changes it."""
+
+    def __init__(self, name: str) -> None:
+        self.rec = NodeRecord(name=name, url=f"http://{name}:8000", version="0.0.test",
+                              capacity=Capacity(max_sandboxes=4, memory_mib=2048))
+
+    def __call__(self) -> NodeRecord:
+        return self.rec.model_copy(deep=True)
+
+
+async def _until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_register_renew_republish_and_leave(etcd: Etcd) -> None:
+    node = FakeNode("n1")
+    reg = Registration(etcd, "/m1/", node, ttl_s=2, publish_every_s=0.2)
+    members = Members(etcd, "/m1/")
+    await reg.start()
+    await members.start()
+    try:
+        assert set(members.nodes) == {"n1"}
+        assert members.nodes["n1"].capacity.max_sandboxes == 4
+        kv = await etcd.get("/m1/nodes/n1")
+        assert kv is not None and kv.lease == reg.lease
+        await asyncio.sleep(3.0)  # past the TTL: renewed
+        assert await etcd.get("/m1/nodes/n1") is not None
+        node.rec.usage = Usage(sandboxes=3, memory_mib=1536)
+        node.rec.templates = ["base"]
+        await _until(lambda: members.nodes["n1"].usage.sandboxes == 3)
+        assert members.nodes["n1"].templates == ["base"]
+        writes = (await etcd.get("/m1/nodes/n1")).version  # type: ignore[union-attr]
+        await asyncio.sleep(1.0)  # nothing changed: nothing written
+        assert (await etcd.get("/m1/nodes/n1")).version == writes  # type: ignore[union-attr]
+        other = Registration(etcd, "/m1/", FakeNode("n2"), ttl_s=2)
+        await other.start()
+        await _until(lambda: set(members.nodes) == {"n1", "n2"})  # no restart of the watcher
+        await other.stop()
+        await _until(lambda: set(members.nodes) == {"n1"})
+    finally:
+        await reg.stop()
+        await members.stop()
+    assert await etcd.get("/m1/nodes/n1") is None  # leaving revokes the lease
+
+
+async def test_a_dead_node_is_lost_within_its_ttl_and_an_expired_lease_registers_again(
+    etcd: Etcd,
+) -> None:
+    members = Members(etcd, "/m2/")
+    await members.start()
+    dead = Registration(etcd, "/m2/", FakeNode("dead"), ttl_s=2)
+    await dead.start()
+    await _until(lambda: "dead" in members.nodes)
+    assert dead._task is not None
+    dead._task.cancel()  # the node dies: nobody renews, nobody revokes
+    t0 = asyncio.get_running_loop().time()
+    await _until(lambda: "dead" not in members.nodes, timeout=10)
+    assert asyncio.get_running_loop().time() - t0 <= 2 + 1.5  # TTL + etcd's expiry check
+    live = Registration(etcd, "/m2/", FakeNode("back"), ttl_s=2, publish_every_s=0.2)
+    await live.start()
+    try:
+        first = live.lease
+        await etcd.revoke(first)  # as if etcd had been out of reach past the TTL
+        await _until(lambda: live.lease != first, timeout=10)
+        await _until(lambda: "back" in members.nodes)
+        kv = await etcd.get("/m2/nodes/back")
+        assert kv is not None and kv.lease == live.lease
+    finally:
+        await live.stop()
+        await members.stop()

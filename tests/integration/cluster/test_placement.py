@@ -1,0 +1,100 @@
+"""Placement (`cluster/placement.py`) against a real etcd: a storm of placements from several
+clients (as from several gateways) never takes a node over its sandbox or memory limit,
+prefers nodes holding the template, spreads otherwise, skips draining nodes, and release
+gives the reservation back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from aenv.cluster.etcd import Etcd, EtcdError
+from aenv.cluster.membership import Capacity, NodeRecord
+from aenv.cluster.placement import (
+    PlacementFailed,
+    PlacementRequest,
+    PreferLocal,
+    binding,
+    place,
+    release,
+)
+from tests.support.etcd import EtcdCluster, etcd_cluster
+
+
+@pytest.fixture(scope="module")
+def one() -> Iterator[EtcdCluster]:
+    with etcd_cluster(1) as c:
+        yield c
+
+
+@pytest.fixture
+async def clients(one: EtcdCluster) -> AsyncIterator[list[Etcd]]:
+    cs = [Etcd(one.endpoints) for _ in range(3)]  # three "gateways"
+    yield cs
+    for c in cs:
+        await c.aclose()
+
+
+def _node(name: str, max_sandboxes: int, memory_mib: int, templates: list[str] | None = None,
+          draining: bool = False) -> NodeRecord:
+    return NodeRecord(name=name, url=f"http://{name}", version="t", draining=draining,
+                      capacity=Capacity(max_sandboxes=max_sandboxes, memory_mib=memory_mib),
+                      templates=templates or [])  # fmt: skip
+
+
+def _prefix() -> str:
+    return f"/p{os.urandom(3).hex()}/"
+
+
+async def test_a_storm_from_three_placers_never_exceeds_any_node(clients: list[Etcd]) -> None:
+    prefix = _prefix()
+    nodes = [_node("a", 5, 10_000), _node("b", 7, 10_000), _node("c", 20, 2_048)]
+    # 40 asks of 512 MiB for 5 + 7 + 4 (c's memory) = 16 places.
+    reqs = [PlacementRequest(f"sbx{i:02d}", 512) for i in range(40)]
+
+    async def one(i: int, req: PlacementRequest) -> str | None:
+        try:
+            return (await place(clients[i % 3], prefix, nodes, req)).name
+        except PlacementFailed:
+            return None
+
+    got = await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
+    counts = Counter(n for n in got if n)
+    assert counts == {"a": 5, "b": 7, "c": 4}, counts
+    for i, req in enumerate(reqs):  # every success is bound where it was placed
+        b = await binding(clients[0], prefix, req.sandbox_id)
+        assert (b.node if b else None) == got[i]
+
+
+async def test_prefers_nodes_with_the_template_then_the_least_loaded(clients: list[Etcd]) -> None:
+    prefix, etcd = _prefix(), clients[0]
+    nodes = [_node("a", 10, 8192), _node("b", 10, 8192, templates=["tpl-x"]),
+             _node("c", 10, 8192, draining=True)]
+    for i in range(3):  # "b" holds it: every one goes there while it fits
+        assert (await place(etcd, prefix, nodes, PlacementRequest(f"x{i}", 512, "tpl-x"))).name \
+            == "b"
+    spread = [(await place(etcd, prefix, nodes, PlacementRequest(f"y{i}", 512))).name
+              for i in range(5)]
+    # a holds none, b three: a until both hold three (a tie goes by name), then b; never
+    # the draining c.
+    assert spread == ["a", "a", "a", "a", "b"]
+    assert PreferLocal().choose(PlacementRequest("z", 512), []) is None
+
+
+async def test_release_gives_the_room_back_and_ids_are_never_bound_twice(
+    clients: list[Etcd],
+) -> None:
+    prefix, etcd = _prefix(), clients[0]
+    nodes = [_node("solo", 1, 1024)]
+    await place(etcd, prefix, nodes, PlacementRequest("first", 1024))
+    with pytest.raises(PlacementFailed, match="no node has room"):
+        await place(etcd, prefix, nodes, PlacementRequest("second", 512))
+    with pytest.raises(EtcdError, match="already bound"):  # full aside, the id is taken
+        await place(etcd, prefix, [_node("other", 5, 9999)], PlacementRequest("first", 1))
+    assert await release(etcd, prefix, "first") is True
+    assert await release(etcd, prefix, "first") is False
+    assert (await place(etcd, prefix, nodes, PlacementRequest("second", 512))).name == "solo"

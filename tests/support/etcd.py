@@ -1,0 +1,118 @@
+"""Real etcd members on loopback for the tests (Debian's etcd-server): one, or a cluster of
+three. Each has its own data directory and ports; everything is removed on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Member:
+    name: str
+    client_url: str
+    peer_url: str
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self, cluster: str, state: str) -> list[str]:
+        return [
+            ETCD, "--name", self.name, "--data-dir", str(self.data_dir),
+            "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", cluster, "--initial-cluster-state", state,
+            "--initial-cluster-token", "aenv-test", "--heartbeat-interval", "50",
+            "--election-timeout", "500", "--log-level", "warn",
+        ]  # fmt: skip
+
+    def start(self, cluster: str, state: str = "new") -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
+        try:
+            self.proc = subprocess.Popen(self.argv(cluster, state), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+
+@dataclass
+class EtcdCluster:
+    members: list[Member]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.client_url for m in self.members]
+
+    @property
+    def initial_cluster(self) -> str:
+        return ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+
+    def wait_healthy(self, timeout: float = 30.0, members: list[Member] | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        for m in members or self.members:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(m.client_url + "/health", timeout=1).json().get(
+                            "health") == "true":
+                        break
+                if m.proc is not None and m.proc.poll() is not None:
+                    raise RuntimeError(f"etcd {m.name} exited:\n{m.log_path.read_text()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"etcd {m.name} not healthy:\n{m.log_path.read_text()}")
+                time.sleep(0.05)
+
+    def restart(self, m: Member, sig: int = signal.SIGTERM) -> None:
+        m.stop(sig)
+        m.start(self.initial_cluster, state="existing")
+        self.wait_healthy(members=[m])
+
+
+@contextlib.contextmanager
+def etcd_cluster(size: int = 1) -> Iterator[EtcdCluster]:
+    root = Path(tempfile.mkdtemp(prefix="aenvt-etcd-"))
+    members = [
+        Member(f"m{i}", f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}",
+               root / f"m{i}", root / f"m{i}.log")
+        for i in range(size)
+    ]  # fmt: skip
+    cluster = EtcdCluster(members)
+    try:
+        for m in members:
+            m.start(cluster.initial_cluster)
+        cluster.wait_healthy()
+        yield cluster
+    finally:
+        for m in members:
+            m.stop(signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
