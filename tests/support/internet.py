@@ -11,8 +11,9 @@ import os
 import random
 import secrets
 import socket
+import socketserver
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,22 +89,33 @@ class TcpSink:
 
 
 
-class HttpServer:
-    """An HTTP server (in the calling thread's namespace) answering every GET with `body`."""
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        # HTTPServer would resolve its own name by DNS, which a test namespace may not have.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]  # type: ignore[assignment]
 
-    def __init__(self, port: int, body: bytes) -> None:
+
+class HttpServer:
+    """An HTTP server answering every GET with `body`, or with `body(client address)`.
+    Its socket lives in the namespace of the thread that makes it (ns.run_in_netns)."""
+
+    def __init__(self, port: int, body: bytes | Callable[[str], bytes],
+                 addr: str = "0.0.0.0") -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                data = body(self.client_address[0]) if callable(body) else body
                 self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(data)
 
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        self._t = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.server = _QuietServer((addr, port), Handler)
+        self._t = threading.Thread(target=self.server.serve_forever, daemon=True,
+                                   kwargs={"poll_interval": 0.05})
         self._t.start()
 
     def close(self) -> None:

@@ -18,7 +18,6 @@ import http.server
 import os
 import selectors
 import socket
-import socketserver
 import struct
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from aenv.network import (
 from aenv.network import netns as ns
 from aenv.network import slot as slot_module
 from aenv.network.tap import open_tap
+from tests.support.internet import HttpServer
 
 PREFIX = "aenvt-"
 # A corner of 198.18.0.0/15 of its own, so tests can run next to a node using the default.
@@ -118,25 +118,6 @@ def _probe(addr: str, port: int, timeout: float) -> str:
         return f"error:{e.errno}"
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = f"{self.server.guest_name} {self.client_address[0]}".encode()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class _Server(http.server.HTTPServer):
-    def server_bind(self) -> None:
-        # HTTPServer would resolve its own name via DNS; the guest has no egress for that.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = GUEST_ADDR, self.server_address[1]
-
-
 class FakeGuest:
     """A guest NIC behind the slot's tap: does in userspace what the VMM does."""
 
@@ -146,7 +127,7 @@ class FakeGuest:
         self.path = ns.create_netns(self.name)
         self._fds: list[int] = []
         self._threads: list[threading.Thread] = []
-        self._server: http.server.HTTPServer | None = None
+        self._server: HttpServer | None = None
         self._stop_r, self._stop_w = os.pipe()
         try:
             # Attach to the production tap like QEMU does (by name, inside the slot netns).
@@ -186,16 +167,10 @@ class FakeGuest:
                         os.write(key.data, os.read(key.fd, 65536))
 
     def serve_http(self, port: int = HTTP_PORT) -> None:
-        def make() -> http.server.HTTPServer:
-            return _Server((GUEST_ADDR, port), _Handler)
-
-        server = ns.run_in_netns(self.path, make)  # the socket lives in the guest netns
-        server.guest_name = self.name  # type: ignore[attr-defined]
-        self._server = server
-        t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-        t.daemon = True
-        t.start()
-        self._threads.append(t)
+        name = self.name
+        self._server = ns.run_in_netns(  # the socket lives in the guest netns
+            self.path, lambda: HttpServer(port, lambda client: f"{name} {client}".encode(),
+                                          addr=GUEST_ADDR))  # fmt: skip
 
     def probe(self, addr: str, port: int, timeout: float = DENY_TIMEOUT) -> str:
         return ns.run_in_netns(self.path, _probe, addr, port, timeout)
@@ -204,8 +179,7 @@ class FakeGuest:
         if self._stop_w < 0:
             return
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
         os.write(self._stop_w, b"x")
         for t in self._threads:
             t.join(timeout=5)
