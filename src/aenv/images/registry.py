@@ -38,10 +38,11 @@ COPY_ATTEMPTS = 4
 _KINDS = [
     ("unauthorized", re.compile(r"unauthorized|authentication required|401 Unauthorized|"
                                 r"invalid username/password|denied", re.I)),  # fmt: skip
-    ("not_found", re.compile(r"manifest unknown|name unknown|not found|404|"
-                             r"no image found in manifest list|choosing image instance", re.I)),
+    # Before not_found: its messages quote digests, whose hex may hold "404".
     ("corrupt", re.compile(r"digest did not match|Digest did not match|unexpected digest|"
                            r"size mismatch|invalid checksum|blob size", re.I)),  # fmt: skip
+    ("not_found", re.compile(r"manifest unknown|name unknown|not found|\b404\b|"
+                             r"no image found in manifest list|choosing image instance", re.I)),
     # A transfer cut part-way (skopeo's own retries do not cover a body cut short).
     ("interrupted", re.compile(r"happened during read|unexpected EOF|connection reset by peer|"
                                r"broken pipe", re.I)),  # fmt: skip

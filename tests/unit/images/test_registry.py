@@ -69,6 +69,10 @@ def test_a_bad_mirror_url_is_a_config_error(tmp_path: Path) -> None:
      "authentication required", "unauthorized"),
     ("dial tcp 127.0.0.1:1: connect: connection refused", "unreachable"),
     ("writing blob: Digest did not match, expected sha256:aa, got sha256:bb", "corrupt"),
+    # The hex of a digest may hold "404" or "401": still the error it names.
+    ("writing blob: Digest did not match, expected sha256:1c404e, got sha256:9a401b", "corrupt"),
+    ("reading blob sha256:e404f: fetching blob: StatusCode: 404, 404 page not found",
+     "not_found"),
     ("something else entirely", "unknown"),
 ])  # fmt: skip
 def test_skopeo_errors_are_sorted_into_kinds(stderr: str, kind: str) -> None:
