@@ -5,6 +5,7 @@ shutdown, is lost within its TTL after a kill -9, and refuses to start without e
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -32,13 +33,15 @@ def etcd() -> Iterator[EtcdCluster]:
         yield c
 
 
-def _record(etcd: EtcdCluster, prefix: str, name: str) -> dict | None:  # type: ignore[type-arg]
-    import base64
-
-    key = base64.b64encode(f"{prefix}nodes/{name}".encode()).decode()
-    r = httpx.post(etcd.endpoints[0] + "/v3/kv/range", json={"key": key}, timeout=5).json()
+def _get(etcd: EtcdCluster, key: str) -> dict | None:  # type: ignore[type-arg]
+    b64 = base64.b64encode(key.encode()).decode()
+    r = httpx.post(etcd.endpoints[0] + "/v3/kv/range", json={"key": b64}, timeout=5).json()
     kvs = r.get("kvs", [])
     return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
+
+
+def _record(etcd: EtcdCluster, prefix: str, name: str) -> dict | None:  # type: ignore[type-arg]
+    return _get(etcd, f"{prefix}nodes/{name}")
 
 
 def _until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> float:
@@ -70,6 +73,19 @@ def test_a_node_publishes_itself_and_leaves_on_shutdown(
         sbx = Sandbox.create(timeout=300)
         _until(lambda: _record(etcd, prefix, "node-a")["usage"]["sandboxes"] == 1,  # type: ignore[index]
                "usage to show the sandbox")
+        # Created here directly, not through a gateway: bound to this node all the same,
+        # and its reservation is what it holds; paused, it stays bound and holds nothing.
+        bkey, rkey = f"{prefix}bindings/{sbx.sandbox_id}", f"{prefix}reservations/node-a"
+        _until(lambda: (_get(etcd, bkey) or {}).get("node") == "node-a", "the binding")
+        bound = _get(etcd, bkey)
+        assert bound is not None and bound["holds"] is True and bound["memory_mib"] >= 64
+        _until(lambda: _get(etcd, rkey) == {"sandboxes": 1, "memory_mib": bound["memory_mib"]},
+               "the reservation")
+        assert sbx.pause() is True
+        _until(lambda: _get(etcd, bkey)["holds"] is False, "the paused binding")  # type: ignore[index]
+        _until(lambda: _get(etcd, rkey) == {"sandboxes": 0, "memory_mib": 0}, "the reservation")
+        sbx = Sandbox.connect(sbx.sandbox_id)
+        _until(lambda: _get(etcd, bkey)["holds"] is True, "the resumed binding")  # type: ignore[index]
         snap = sbx.create_snapshot().snapshot_id
         _until(lambda: snap in _record(etcd, prefix, "node-a")["snapshots"],  # type: ignore[index]
                "the snapshot to be published")
@@ -82,9 +98,12 @@ def test_a_node_publishes_itself_and_leaves_on_shutdown(
         assert status.returncode == 0, status.stderr
         [shown] = json.loads(status.stdout)
         assert shown["name"] == "node-a" and shown["usage"]["sandboxes"] == 1
+        assert shown["reserved"]["sandboxes"] == 1
         sbx.kill()
         _until(lambda: _record(etcd, prefix, "node-a")["usage"]["sandboxes"] == 0,  # type: ignore[index]
                "usage to drop")
+        _until(lambda: _get(etcd, bkey) is None, "the binding to go")
+        assert _get(etcd, rkey) == {"sandboxes": 0, "memory_mib": 0}
     finally:
         if snap is not None:
             Sandbox.delete_snapshot(snap)

@@ -101,7 +101,7 @@ class Node:
             try:
                 await self.membership.start()
             except BaseException:
-                await self.membership.stop()
+                await self.membership.close()
                 await self.orchestrator.close()
                 raise
         # Node info rides on /health: the accelerator the runtime detected (kvm or tcg).
@@ -118,12 +118,16 @@ class Node:
     async def close(self) -> None:
         try:
             if self.membership is not None:  # leave the cluster first: no new placements
-                await self.membership.stop()
+                await self.membership.leave()
             if self.builds is not None:
                 await self.builds.close()  # their VMs go before the runtime does
             await self.orchestrator.close()
         finally:
-            await self.proxy.aclose()
+            try:
+                if self.membership is not None:
+                    await self.membership.close()
+            finally:
+                await self.proxy.aclose()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]

@@ -6,13 +6,19 @@ bytes, base64 in JSON; int64 fields come back as strings. Only what aenv uses is
 ranges, puts, deletes, transactions, leases and watches.
 
 Several endpoints may be given (the members of one cluster): a request that cannot connect
-to one is tried on the next, and the one that answered is tried first from then on.
+to one is tried on the next, and the one that answered is tried first from then on. While
+the cluster is unavailable (no member answers, or it is electing a leader) a request is
+retried, with backoff, for up to `retry_s`. A write retried after "leader changed" may
+have been applied the first time: callers guard their writes with compares and check what
+they find (`placement.place` does).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +27,9 @@ import httpx
 
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 5.0
+# How long a request keeps being retried while the cluster is unavailable (no member
+# reachable, no leader, an election under way: "leader changed").
+RETRY_S = 5.0
 
 
 class EtcdError(Exception):
@@ -120,10 +129,12 @@ class TxnResult:
 class Etcd:
     """An async client of one etcd cluster (see the module docstring)."""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = REQUEST_TIMEOUT_S,
+                 retry_s: float = RETRY_S) -> None:
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint")
         self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.retry_s = retry_s
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), trust_env=False,
         )  # fmt: skip
@@ -132,6 +143,18 @@ class Etcd:
         await self._http.aclose()
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.05
+        while True:
+            try:
+                return await self._post_once(path, body)
+            except EtcdUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    async def _post_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         last: Exception | None = None
         for i, base in enumerate(list(self.endpoints)):
             try:
@@ -237,6 +260,7 @@ def _answer(r: httpx.Response) -> dict[str, Any]:
     if r.status_code == 200:
         return body
     message = body.get("message") or body.get("error") or r.reason_phrase
-    if r.status_code in (502, 503, 504) or "no leader" in str(message):
+    if r.status_code in (502, 503, 504) or any(
+            m in str(message) for m in ("no leader", "leader changed", "timed out")):
         raise EtcdUnavailable(f"etcd: {message}")
     raise EtcdError(f"etcd: {message}")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field, ValidationError
 
 from aenv.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
+from aenv.tasks import cancel
 
 log = logging.getLogger("aenv.cluster")
 
@@ -136,11 +137,8 @@ class Registration:
 
     async def stop(self) -> None:
         """Leave the cluster: the record goes with the lease."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self.lease:
             with contextlib.suppress(EtcdError):
                 await self.etcd.revoke(self.lease)
@@ -192,11 +190,8 @@ class Members:
                     revision = await self.load()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
 
 def _parse(raw: bytes) -> NodeRecord | None:

@@ -1,4 +1,5 @@
-"""A node's part in a cluster: what it publishes about itself, and its registration.
+"""A node's part in a cluster: what it publishes about itself, its registration, and the
+bindings of its sandboxes (`bindings.py`).
 
 Started by the node (`api/app.py`) when `cluster.etcd_endpoints` is set; a standalone node
 never imports etcd at all.
@@ -6,16 +7,21 @@ never imports etcd at all.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import time
 from typing import TYPE_CHECKING
 
 import aenv
-from aenv.cluster.etcd import Etcd
+from aenv.cluster.bindings import Held, NodeBindings
+from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.tools import tools_key
+
+CLOSE_RECONCILE_S = 5.0
 
 if TYPE_CHECKING:
     from aenv.config import Config
@@ -48,6 +54,11 @@ class NodeMembership:
         self.etcd = Etcd(cfg.cluster.etcd_endpoints)
         self.registration = Registration(self.etcd, cfg.cluster.prefix, self.record,
                                          ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
+        self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held)
+
+    def held(self) -> dict[str, Held]:
+        return {r.sandbox_id: Held(r.memory_mib, r.template_id, r.state in HOLDS_CAPACITY)
+                for r in self.orch.store.all()}  # fmt: skip
 
     def record(self) -> NodeRecord:
         orch, runtime = self.orch, self.orch.runtime
@@ -72,9 +83,19 @@ class NodeMembership:
 
     async def start(self) -> None:
         await self.registration.start()
+        await self.bindings.start()
 
-    async def stop(self) -> None:
+    async def leave(self) -> None:
+        """Shutdown begins: the record goes, so no gateway places here any more."""
+        await self.registration.stop()
+
+    async def close(self) -> None:
+        """After the orchestrator closed: the bindings say what shutdown left (paused
+        sandboxes stay bound to this node, holding nothing), then etcd is let go."""
         try:
-            await self.registration.stop()
+            await self.bindings.stop()
+            with contextlib.suppress(EtcdError, asyncio.TimeoutError):
+                await asyncio.wait_for(self.bindings.reconcile(), CLOSE_RECONCILE_S)
         finally:
+            await self.registration.stop()
             await self.etcd.aclose()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -51,11 +52,18 @@ class Reservation(BaseModel):
 
 
 class Binding(BaseModel):
-    """Where a sandbox lives, and what it reserved there."""
+    """Where a sandbox lives, and what it reserved there.
+
+    `pending`: placed by a gateway, not yet created by the node (which then rewrites it).
+    `holds`: it counts in its node's reservation (running or starting, or pending); a
+    paused sandbox stays bound to its node without holding capacity there."""
 
     node: str
     memory_mib: int
     template: str = ""
+    holds: bool = True
+    pending: bool = False
+    placed_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,11 @@ def binding_key(prefix: str, sandbox_id: str) -> str:
     return f"{prefix}bindings/{sandbox_id}"
 
 
+async def reservations(etcd: Etcd, prefix: str) -> dict[str, Reservation]:
+    """What placements and nodes have reserved, by node."""
+    return {node: r for node, (r, _) in (await _reservations(etcd, prefix)).items()}
+
+
 async def _reservations(etcd: Etcd, prefix: str) -> dict[str, tuple[Reservation, int]]:
     """Each node's reservation and its mod revision (0: none written yet)."""
     kvs, _ = await etcd.get_prefix(f"{prefix}reservations/")
@@ -157,13 +170,16 @@ async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: Place
         rkey = reservation_key(prefix, name)
         now, revision = reserved.get(name, (Reservation(), 0))
         after = Reservation(sandboxes=now.sandboxes + 1, memory_mib=now.memory_mib + req.memory_mib)
-        binding = Binding(node=name, memory_mib=req.memory_mib, template=req.template)
+        binding = Binding(node=name, memory_mib=req.memory_mib, template=req.template,
+                          pending=True, placed_at=time.time())
         r = await etcd.txn([_guard(rkey, revision), compare_version(bkey, "EQUAL", 0)],
                            [put_op(rkey, after.model_dump_json()),
                             put_op(bkey, binding.model_dump_json())])  # fmt: skip
         if r.succeeded:
             return chosen.record
-        if await etcd.get(bkey) is not None:
+        if (kv := await etcd.get(bkey)) is not None:
+            if kv.value == binding.model_dump_json().encode():
+                return chosen.record  # ours: applied by a try the client retried
             raise EtcdError(f"sandbox {req.sandbox_id} is already bound")
         await asyncio.sleep(random.uniform(0, BACKOFF_S))
     raise PlacementFailed(f"placement lost {ATTEMPTS} transactions in a row to other placers")
@@ -185,8 +201,9 @@ async def release(etcd: Etcd, prefix: str, sandbox_id: str) -> bool:
         rkey = reservation_key(prefix, b.node)
         rkv = await etcd.get(rkey)
         now = _reservation(rkv)
-        after = Reservation(sandboxes=max(now.sandboxes - 1, 0),
-                            memory_mib=max(now.memory_mib - b.memory_mib, 0))  # fmt: skip
+        gone = (1, b.memory_mib) if b.holds else (0, 0)
+        after = Reservation(sandboxes=max(now.sandboxes - gone[0], 0),
+                            memory_mib=max(now.memory_mib - gone[1], 0))  # fmt: skip
         r = await etcd.txn([compare_mod(bkey, "EQUAL", bkv.mod_revision),
                             _guard(rkey, rkv.mod_revision if rkv else 0)],
                            [delete_op(bkey), put_op(rkey, after.model_dump_json())])  # fmt: skip

@@ -120,8 +120,8 @@ class VmPool(Generic[K]):
     async def _fill(self, key: K) -> None:
         try:
             m = await self._make(key)
-            if self._closed or key != self.key:
-                await self._destroy(m)
+            if self._closed or key != self.key or len(self._ready) >= self.size:
+                await self._destroy(m)  # closed, another key, or shrunk meanwhile
             else:
                 self._ready.append(m)
                 self._count()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -18,20 +17,7 @@ from aenv.cluster.etcd import (
     put_op,
     range_op,
 )
-from tests.support.etcd import EtcdCluster, etcd_cluster, free_port
-
-
-@pytest.fixture(scope="module")
-def one() -> Iterator[EtcdCluster]:
-    with etcd_cluster(1) as c:
-        yield c
-
-
-@pytest.fixture
-async def etcd(one: EtcdCluster) -> AsyncIterator[Etcd]:
-    client = Etcd(one.endpoints)
-    yield client
-    await client.aclose()
+from tests.support.etcd import etcd_cluster, free_port
 
 
 def test_prefix_end() -> None:
@@ -108,10 +94,12 @@ async def test_a_watch_sees_puts_and_deletes_from_a_revision(etcd: Etcd) -> None
 
 
 async def test_no_endpoint_is_etcd_unavailable() -> None:
-    client = Etcd([f"http://127.0.0.1:{free_port()}"])
+    client = Etcd([f"http://127.0.0.1:{free_port()}"], retry_s=0.5)
     try:
+        t0 = asyncio.get_running_loop().time()
         with pytest.raises(EtcdUnavailable, match="no etcd endpoint answered"):
             await client.get("/x")
+        assert asyncio.get_running_loop().time() - t0 >= 0.3  # retried, then gave up
     finally:
         await client.aclose()
 

@@ -5,26 +5,9 @@ registered again after its lease expired, and a watching view that follows all o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-
-import pytest
 
 from aenv.cluster.etcd import Etcd
 from aenv.cluster.membership import Capacity, Members, NodeRecord, Registration, Usage
-from tests.support.etcd import EtcdCluster, etcd_cluster
-
-
-@pytest.fixture(scope="module")
-def one() -> Iterator[EtcdCluster]:
-    with etcd_cluster(1) as c:
-        yield c
-
-
-@pytest.fixture
-async def etcd(one: EtcdCluster) -> AsyncIterator[Etcd]:
-    client = Etcd(one.endpoints)
-    yield client
-    await client.aclose()
 
 
 class FakeNode:

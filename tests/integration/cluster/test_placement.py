@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -22,13 +22,7 @@ from aenv.cluster.placement import (
     place,
     release,
 )
-from tests.support.etcd import EtcdCluster, etcd_cluster
-
-
-@pytest.fixture(scope="module")
-def one() -> Iterator[EtcdCluster]:
-    with etcd_cluster(1) as c:
-        yield c
+from tests.support.etcd import EtcdCluster
 
 
 @pytest.fixture

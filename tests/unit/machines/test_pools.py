@@ -189,3 +189,16 @@ async def test_recent_pools_share_one_budget_newest_first() -> None:
     disabled = _recent(Maker(), size=0)
     disabled.use("x")
     assert disabled.keys() == []  # a disabled pool makes nothing
+
+
+async def test_a_pool_shrunk_while_making_keeps_only_its_new_size() -> None:
+    mk = Maker(gate=asyncio.Event())
+    pool = _pool(mk, size=0)
+    pool.key = "k"
+    pool.resize(2)  # two makes in flight, held at the gate
+    await asyncio.sleep(0.01)
+    pool.resize(1)
+    mk.gate.set()  # type: ignore[union-attr]
+    await pool.settle()
+    assert len(pool) == 1 and len(mk.made) == 2 and len(mk.destroyed) == 1
+    await pool.close()

@@ -1,0 +1,149 @@
+"""A node keeps the cluster's bindings of its own sandboxes true (`placement.py` has the
+keys): every sandbox it holds is bound to it, including those created on it directly, and
+its reservation is what they hold.
+
+The node's sandbox records are the truth. Every `interval_s` (and at once when asked, e.g.
+after a create) the node compares them with the bindings in etcd that name it and writes
+the difference, together with its reservation, in one transaction guarded by the
+revisions it read. The reservation is read first: a gateway's placement that lands after
+that read changes it, the transaction fails, and the next round includes the placement.
+(Read after the bindings, a placement between the two reads was lost from the count: the
+race test caught that.)
+
+- A record in a state that holds capacity (running, starting) binds with `holds`; a paused
+  one stays bound without holding. A record that is gone has its binding deleted.
+- A binding a gateway placed on this node (`pending`) and that the node has no record of is
+  a create on its way: it is kept, holding, for `pending_grace_s`, then dropped.
+- A binding of one of its sandboxes that names another node is left alone and logged: ids
+  are unique, so that is a fault to look at, not to overwrite.
+
+Pauses and resumes do not wait on etcd: the node admits them itself (its own limits are
+the hard ones) and the reservation follows within a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from aenv.cluster.etcd import Etcd, EtcdError, compare_mod, compare_version, delete_op, put_op
+from aenv.cluster.placement import Binding, Reservation, binding_key, reservation_key
+from aenv.tasks import cancel
+
+log = logging.getLogger("aenv.cluster")
+
+MAX_OPS = 120  # etcd's default --max-txn-ops is 128: the reservation and a few to spare
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a node's record says of one sandbox."""
+
+    memory_mib: int
+    template: str
+    holds: bool
+
+
+class NodeBindings:
+    def __init__(self, etcd: Etcd, prefix: str, node: str,
+                 records: Callable[[], dict[str, Held]], *, interval_s: float = 1.0,
+                 pending_grace_s: float = 120.0) -> None:
+        self.etcd, self.prefix, self.node = etcd, prefix, node
+        self._records = records
+        self.interval_s = interval_s
+        self.pending_grace_s = pending_grace_s
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def kick(self) -> None:
+        """Reconcile now rather than at the next interval."""
+        self._kick.set()
+
+    async def start(self) -> None:
+        await self.reconcile()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="aenv-bindings")
+
+    async def stop(self) -> None:
+        await cancel(self._task)
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.interval_s)
+            self._kick.clear()
+            try:
+                while not await self.reconcile():
+                    await asyncio.sleep(0.01)  # lost to a placement: read again
+            except EtcdError as e:
+                log.warning("bindings of %s: %s", self.node, e)
+
+    async def reconcile(self) -> bool:
+        """One round. True if etcd now matches (or nothing was to write); False if a
+        concurrent write won and another round is needed."""
+        records = self._records()
+        # The reservation first: a placement that lands after this read changes it, so the
+        # guard below fails and the round is done again with that placement's binding.
+        rkey = reservation_key(self.prefix, self.node)
+        rkv = await self.etcd.get(rkey)
+        kvs, _ = await self.etcd.get_prefix(f"{self.prefix}bindings/")
+        mine: dict[str, tuple[Binding, int]] = {}
+        elsewhere: set[str] = set()
+        for kv in kvs:
+            sid = kv.key.rsplit("/", 1)[1]
+            try:
+                b = Binding.model_validate_json(kv.value)
+            except ValidationError:
+                continue
+            if b.node == self.node:
+                mine[sid] = (b, kv.mod_revision)
+            elif sid in records:
+                elsewhere.add(sid)
+                log.error("sandbox %s is bound to node %s, but this node (%s) holds it",
+                          sid, b.node, self.node)  # fmt: skip
+        compare: list[dict[str, Any]] = []
+        ops: list[dict[str, Any]] = []
+        final: dict[str, Binding] = {}
+        now = time.time()
+        for sid, held in records.items():
+            if sid in elsewhere:
+                continue
+            want = Binding(node=self.node, memory_mib=held.memory_mib, template=held.template,
+                           holds=held.holds)  # fmt: skip
+            final[sid] = want
+            have = mine.get(sid)
+            if have is None or have[0] != want:
+                key = binding_key(self.prefix, sid)
+                compare.append(compare_mod(key, "EQUAL", have[1]) if have else
+                               compare_version(key, "EQUAL", 0))  # fmt: skip
+                ops.append(put_op(key, want.model_dump_json()))
+        for sid, (b, rev) in mine.items():
+            if sid in records:
+                continue
+            if b.pending and now - b.placed_at < self.pending_grace_s:
+                final[sid] = b  # a gateway's create on its way here
+                continue
+            key = binding_key(self.prefix, sid)
+            compare.append(compare_mod(key, "EQUAL", rev))
+            ops.append(delete_op(key))
+        reservation = Reservation(
+            sandboxes=sum(1 for b in final.values() if b.holds),
+            memory_mib=sum(b.memory_mib for b in final.values() if b.holds),
+        )
+        if not ops and rkv is not None and rkv.value == reservation.model_dump_json().encode():
+            return True
+        rest = len(ops) > MAX_OPS  # a large backlog: part now, the rest next round
+        compare, ops = compare[:MAX_OPS], ops[:MAX_OPS]
+        compare.append(compare_mod(rkey, "EQUAL", rkv.mod_revision) if rkv else
+                       compare_version(rkey, "EQUAL", 0))  # fmt: skip
+        ops.append(put_op(rkey, reservation.model_dump_json()))
+        r = await self.etcd.txn(compare, ops)
+        return r.succeeded and not rest
+

@@ -1,0 +1,93 @@
+"""A node's bindings (`cluster/bindings.py`) against a real etcd: its records bound to it
+with what they hold, gateway placements on their way kept (then dropped after the grace),
+sandboxes gone unbound, another node's binding left alone, and the reservation always the
+sum of what is held, also while gateways place on the node at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aenv.cluster.bindings import Held, NodeBindings
+from aenv.cluster.etcd import Etcd, put_op
+from aenv.cluster.membership import Capacity, NodeRecord
+from aenv.cluster.placement import (
+    Binding,
+    PlacementFailed,
+    PlacementRequest,
+    Reservation,
+    binding,
+    binding_key,
+    place,
+    reservation_key,
+)
+
+
+def _node(name: str = "n1", max_sandboxes: int = 50) -> NodeRecord:
+    return NodeRecord(name=name, url="http://n", version="t",
+                      capacity=Capacity(max_sandboxes=max_sandboxes, memory_mib=1 << 20))
+
+
+async def _reservation(etcd: Etcd, prefix: str, node: str = "n1") -> Reservation:
+    kv = await etcd.get(reservation_key(prefix, node))
+    return Reservation.model_validate_json(kv.value) if kv else Reservation()
+
+
+async def test_records_are_bound_and_the_reservation_is_what_they_hold(etcd: Etcd) -> None:
+    prefix = f"/b{os.urandom(3).hex()}/"
+    records = {"a": Held(512, "base", holds=True), "b": Held(1024, "base", holds=False)}
+    nb = NodeBindings(etcd, prefix, "n1", lambda: dict(records), pending_grace_s=0.5)
+    assert await nb.reconcile()
+    assert await binding(etcd, prefix, "a") == Binding(node="n1", memory_mib=512,
+                                                       template="base", holds=True)
+    assert (await binding(etcd, prefix, "b")).holds is False  # type: ignore[union-attr]
+    assert await _reservation(etcd, prefix) == Reservation(sandboxes=1, memory_mib=512)
+    # A gateway places "c" here: kept, holding, while its create is on its way.
+    await place(etcd, prefix, [_node()], PlacementRequest("c", 256))
+    assert await nb.reconcile()
+    assert (await binding(etcd, prefix, "c")).pending is True  # type: ignore[union-attr]
+    assert await _reservation(etcd, prefix) == Reservation(sandboxes=2, memory_mib=768)
+    records["c"] = Held(256, "", holds=True)  # ... created: the node's own binding now
+    del records["a"]  # ... and "a" is gone
+    assert await nb.reconcile()
+    assert (await binding(etcd, prefix, "c")).pending is False  # type: ignore[union-attr]
+    assert await binding(etcd, prefix, "a") is None
+    assert await _reservation(etcd, prefix) == Reservation(sandboxes=1, memory_mib=256)
+    # A placement whose create never came is dropped after the grace.
+    await place(etcd, prefix, [_node()], PlacementRequest("d", 128))
+    await asyncio.sleep(0.6)
+    assert await nb.reconcile()
+    assert await binding(etcd, prefix, "d") is None
+    # One of ours bound to another node: logged and left alone, never taken over.
+    other = Binding(node="n2", memory_mib=64).model_dump_json()
+    await etcd.txn([], [put_op(binding_key(prefix, "e"), other)])
+    records["e"] = Held(64, "", holds=True)
+    assert await nb.reconcile()
+    assert (await binding(etcd, prefix, "e")).node == "n2"  # type: ignore[union-attr]
+    assert await _reservation(etcd, prefix) == Reservation(sandboxes=1, memory_mib=256)
+
+
+async def test_placements_racing_the_node_are_never_lost(etcd: Etcd) -> None:
+    prefix = f"/b{os.urandom(3).hex()}/"
+    records = {f"own{i}": Held(100, "", holds=True) for i in range(5)}
+    nb = NodeBindings(etcd, prefix, "n1", lambda: dict(records), interval_s=0.01)
+    await nb.start()
+    try:
+        async def gateway(i: int) -> str | None:
+            try:
+                await place(etcd, prefix, [_node(max_sandboxes=20)],
+                            PlacementRequest(f"gw{i}", 10))
+                return f"gw{i}"
+            except PlacementFailed:
+                return None
+
+        placed = [p for p in await asyncio.gather(*(gateway(i) for i in range(30))) if p]
+        assert len(placed) == 15  # 20 minus the node's own 5, never more
+        await asyncio.sleep(0.3)
+        assert await nb.reconcile()
+        r = await _reservation(etcd, prefix)
+        assert r == Reservation(sandboxes=20, memory_mib=5 * 100 + 15 * 10)
+        for p in placed:
+            assert (await binding(etcd, prefix, p)).pending is True  # type: ignore[union-attr]
+    finally:
+        await nb.stop()
