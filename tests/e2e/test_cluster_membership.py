@@ -123,7 +123,7 @@ def test_a_killed_node_is_lost_within_its_ttl_and_a_node_without_etcd_does_not_s
         node.kill9()
     lost_after = _until(lambda: _record(etcd, prefix, "node-b") is None, "the node to be lost",
                         timeout=TTL_S + 10)  # fmt: skip
-    assert lost_after <= TTL_S + 2
+    assert lost_after <= TTL_S + 3  # etcd checks expiry every 500 ms; a loaded host lags
     node = start_node(tmp_path / "b2.log", instance, monkeypatch, **env)  # reclaims, rejoins
     assert node.stop() == 0, node.tail()
     dead = {**env, "AENV_ETCD_ENDPOINTS": f"http://127.0.0.1:{free_port()}"}

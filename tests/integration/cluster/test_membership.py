@@ -71,7 +71,8 @@ async def test_a_dead_node_is_lost_within_its_ttl_and_an_expired_lease_registers
     dead._task.cancel()  # the node dies: nobody renews, nobody revokes
     t0 = asyncio.get_running_loop().time()
     await _until(lambda: "dead" not in members.nodes, timeout=10)
-    assert asyncio.get_running_loop().time() - t0 <= 2 + 1.5  # TTL + etcd's expiry check
+    # TTL + etcd's expiry checks (every 500 ms) + slack for a loaded host
+    assert asyncio.get_running_loop().time() - t0 <= 2 + 3
     live = Registration(etcd, "/m2/", FakeNode("back"), ttl_s=2, publish_every_s=0.2)
     await live.start()
     try:
