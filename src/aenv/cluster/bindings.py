@@ -40,6 +40,9 @@ from aenv.tasks import cancel
 log = logging.getLogger("aenv.cluster")
 
 MAX_OPS = 120  # etcd's default --max-txn-ops is 128: the reservation and a few to spare
+# A round whose records and reservation are as the last settled round left them reads one
+# key, not every binding; this often the bindings are read anyway (to mend manual edits).
+FULL_EVERY_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,10 @@ class NodeBindings:
         self.pending_grace_s = pending_grace_s
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # (records, reservation revision, when) after a round that left etcd matching and
+        # no placement pending: nothing can differ until one of the first two changes (every
+        # placement and release on this node changes the reservation).
+        self._settled: tuple[dict[str, Held], int, float] | None = None
 
     def kick(self) -> None:
         """Reconcile now rather than at the next interval."""
@@ -93,6 +100,10 @@ class NodeBindings:
         # guard below fails and the round is done again with that placement's binding.
         rkey = reservation_key(self.prefix, self.node)
         rkv = await self.etcd.get(rkey)
+        rev = rkv.mod_revision if rkv else 0
+        last = self._settled
+        if last and last[:2] == (records, rev) and time.monotonic() - last[2] < FULL_EVERY_S:
+            return True
         kvs, _ = await self.etcd.get_prefix(f"{self.prefix}bindings/")
         mine: dict[str, tuple[Binding, int]] = {}
         elsewhere: set[str] = set()
@@ -137,7 +148,9 @@ class NodeBindings:
             sandboxes=sum(1 for b in final.values() if b.holds),
             memory_mib=sum(b.memory_mib for b in final.values() if b.holds),
         )
+        settled = not any(b.pending for b in final.values())
         if not ops and rkv is not None and rkv.value == reservation.model_dump_json().encode():
+            self._settle(records, rev, settled)
             return True
         rest = len(ops) > MAX_OPS  # a large backlog: part now, the rest next round
         compare, ops = compare[:MAX_OPS], ops[:MAX_OPS]
@@ -145,5 +158,11 @@ class NodeBindings:
                        compare_version(rkey, "EQUAL", 0))  # fmt: skip
         ops.append(put_op(rkey, reservation.model_dump_json()))
         r = await self.etcd.txn(compare, ops)
-        return r.succeeded and not rest
+        done = r.succeeded and not rest
+        if done:
+            self._settle(records, r.revision, settled)
+        return done
+
+    def _settle(self, records: dict[str, Held], revision: int, settled: bool) -> None:
+        self._settled = (records, revision, time.monotonic()) if settled else None
 

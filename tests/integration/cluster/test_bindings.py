@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+import pytest
+
 from aenv.cluster.bindings import Held, NodeBindings
 from aenv.cluster.etcd import Etcd, put_op
 from aenv.cluster.membership import Capacity, NodeRecord
@@ -91,3 +93,29 @@ async def test_placements_racing_the_node_are_never_lost(etcd: Etcd) -> None:
             assert (await binding(etcd, prefix, p)).pending is True  # type: ignore[union-attr]
     finally:
         await nb.stop()
+
+
+async def test_a_settled_node_reads_one_key_a_round_until_something_changes(
+    etcd: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"/b{os.urandom(3).hex()}/"
+    records = {"a": Held(512, "", holds=True)}
+    nb = NodeBindings(etcd, prefix, "n1", lambda: dict(records))
+    reads: list[str] = []
+    real = Etcd.get_prefix
+
+    async def counted(self: Etcd, p: str) -> object:
+        if p.endswith("/bindings/"):  # the node's reads of every binding (not place()'s)
+            reads.append(p)
+        return await real(self, p)
+
+    monkeypatch.setattr(Etcd, "get_prefix", counted)
+    assert await nb.reconcile() and len(reads) == 1
+    assert await nb.reconcile() and len(reads) == 1  # settled: the reservation alone
+    await place(etcd, prefix, [_node()], PlacementRequest("gw", 64))  # changes it
+    assert await nb.reconcile() and len(reads) == 2
+    assert await nb.reconcile() and len(reads) == 3  # a placement pending: not settled
+    records["b"] = Held(64, "", holds=False)
+    del records["a"]
+    assert await nb.reconcile() and len(reads) == 4
+    assert await binding(etcd, prefix, "a") is None
