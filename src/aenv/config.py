@@ -248,6 +248,11 @@ _SIMPLE_ENV = {
 }
 
 
+def _csv(text: str) -> list[str]:
+    """A comma-separated env value as a list, blanks dropped."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 _CLUSTER_ENV = {
     "CLUSTER_PREFIX": "prefix",
     "NODE_NAME": "node_name",
@@ -272,13 +277,12 @@ def load(
         if ENV_PREFIX + suffix in env:
             data[field] = env[ENV_PREFIX + suffix]
     if ENV_PREFIX + "BUILD_EGRESS_ALLOW" in env:  # "198.19.0.0/16,10.1.2.3/32"
-        cidrs = env[ENV_PREFIX + "BUILD_EGRESS_ALLOW"].split(",")
-        data["build_egress_allow"] = [x.strip() for x in cidrs if x.strip()]
+        data["build_egress_allow"] = _csv(env[ENV_PREFIX + "BUILD_EGRESS_ALLOW"])
     if ENV_PREFIX + "REGISTRY_MIRRORS" in env:  # "docker.io=http://a:5000,http://b;ghcr.io=..."
         mirrors: dict[str, list[str]] = {}
         for item in filter(None, env[ENV_PREFIX + "REGISTRY_MIRRORS"].split(";")):
             prefix, _, urls = item.partition("=")
-            mirrors[prefix.strip()] = [u.strip() for u in urls.split(",") if u.strip()]
+            mirrors[prefix.strip()] = _csv(urls)
         registry = dict(data.get("registry") or {})  # type: ignore[call-overload]
         registry["mirrors"] = mirrors
         data["registry"] = registry
@@ -287,8 +291,7 @@ def load(
         if ENV_PREFIX + suffix in env:
             cluster[key] = env[ENV_PREFIX + suffix]
     if ENV_PREFIX + "ETCD_ENDPOINTS" in env:  # "http://10.0.0.1:2379,http://10.0.0.2:2379"
-        urls = env[ENV_PREFIX + "ETCD_ENDPOINTS"].split(",")
-        cluster["etcd_endpoints"] = [u.strip() for u in urls if u.strip()]
+        cluster["etcd_endpoints"] = _csv(env[ENV_PREFIX + "ETCD_ENDPOINTS"])
     data["cluster"] = cluster
     data.update({k: v for k, v in overrides.items() if v is not None})
     return Config.model_validate(data)
