@@ -19,7 +19,8 @@ from fastapi.openapi.utils import get_openapi
 import aenv
 from aenv.api import builds, errors, links, sandboxes, snapshots, system, templates, uploads
 from aenv.api.auth import resolve_api_key
-from aenv.api.proxy import DataPlaneProxy, send_json
+from aenv.api.proxy import DataPlaneProxy
+from aenv.api.relay import send_json
 from aenv.config import Config
 from aenv.images.builds import Builds
 from aenv.images.context import ContextStore

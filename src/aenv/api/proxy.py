@@ -8,11 +8,9 @@ A request is data plane when it names a sandbox, in this order:
 4. `/files` with a `signature` query parameter and none of the above: the running sandbox
    whose access token verifies the signature (e2b-compat.md 6.2).
 
-Bodies stream both ways, full duplex, through a lean keep-alive HTTP/1.1 client
-(`upstream.py`, a pool per upstream address): the response streams back while the request
-body may still be going up, and nothing is buffered whole. Hop-by-hop and routing headers
-are stripped. A WebSocket handshake (an ASGI `websocket` scope) is routed and admitted by
-the same rules and then bridged to a WebSocket on the sandbox's port (`websocket.py`).
+The exchange itself is `relay.py`'s (full-duplex streaming bodies, WebSocket bridging);
+hop-by-hop and routing headers are stripped. A WebSocket handshake (an ASGI `websocket`
+scope) is routed and admitted by the same rules as HTTP.
 
 An unknown, paused or dead sandbox gets 502 "was not found" (a WebSocket handshake gets
 that as its HTTP response), except a paused one created with `autoResume`: the request
@@ -31,7 +29,6 @@ import base64
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,10 +36,19 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from aenv.api import websocket as ws
-from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool
+from aenv.api.relay import (
+    Aborted,
+    Exchange,
+    deny,
+    forward_headers,
+    install_abort_filter,
+    relay_http,
+    relay_websocket,
+    target_of,
+)
+from aenv.api.upstream import UpstreamPool
 from aenv.machines.api import AGENT_PORT
-from aenv.obs import PROXY_OPEN, PROXY_REQUESTS
+from aenv.obs import PROXY_REQUESTS
 from aenv.orchestrator.routes import Route, RouteTable
 
 log = logging.getLogger("aenv.proxy")
@@ -50,16 +56,10 @@ log = logging.getLogger("aenv.proxy")
 Scope = dict[str, Any]
 Message = dict[str, Any]
 
-_HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection",
-})  # fmt: skip
 _ROUTING = frozenset({
     b"e2b-sandbox-id", b"e2b-sandbox-port", b"x-agentenv-sandbox-id",
     b"x-agentenv-target-port", b"host", b"expect",
 })  # fmt: skip
-_RESPONSE_DROP = _HOP_BY_HOP | {b"date", b"server"}
-_CONTENT_LENGTH = frozenset({b"content-length"})  # the proxy re-frames request bodies
 READY_WAIT_S = 60.0  # the longest a request waits for its sandbox's start to finish
 _SID_HEADERS = (b"e2b-sandbox-id", b"x-agentenv-sandbox-id")
 _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
@@ -82,32 +82,6 @@ class _Denial:
     status: int
     body: dict[str, Any]
     outcome: str  # the PROXY_REQUESTS label
-
-
-class _Aborted(Exception):
-    """Raised after the response started to make the server drop the connection."""
-
-
-class _Exchange:
-    """One proxied request/response, abortable from outside (kill, shutdown, disconnect)."""
-
-    __slots__ = ("reason", "response_started", "task")
-
-    def __init__(self) -> None:
-        self.task = asyncio.current_task()
-        self.reason: str | None = None
-        self.response_started = False
-
-    def abort(self, reason: str = "sandbox gone") -> None:
-        if self.reason is None and self.task is not None:
-            self.reason = reason
-            self.task.cancel()
-
-
-class _UvicornAbortFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, _Aborted)
 
 
 def file_signature(path: str, op: str, username: str, token: str, expiration: str | None) -> str:
@@ -136,16 +110,6 @@ def _signature_ok(route: Route, method: str, params: dict[str, list[str]]) -> bo
     return hmac.compare_digest(sig.encode(), want.encode())
 
 
-async def send_json(send: Any, status: int, body: dict[str, Any]) -> None:
-    data = json.dumps(body, separators=(",", ":")).encode()
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(data)).encode())],
-    })  # fmt: skip
-    await send({"type": "http.response.body", "body": data})
-
-
 def not_found_body(sandbox_id: str) -> dict[str, Any]:
     return {"code": 502, "message": f"The sandbox {sandbox_id} was not found"}
 
@@ -162,9 +126,7 @@ class DataPlaneProxy:
         self.agent_port = agent_port
         self.upstream = UpstreamPool()
         routes.on_remove.append(self._forget)
-        uv = logging.getLogger("uvicorn.error")
-        if not any(isinstance(f, _UvicornAbortFilter) for f in uv.filters):
-            uv.addFilter(_UvicornAbortFilter())
+        install_abort_filter()
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
@@ -275,9 +237,9 @@ class DataPlaneProxy:
         route = await self._admit(scope, target)
         if isinstance(route, _Denial):
             PROXY_REQUESTS.labels(route.outcome).inc()
-            await _deny(scope, send, route.status, route.body)
+            await deny(scope, send, route.status, route.body)
             return
-        ex = _Exchange()
+        ex = Exchange()
         route.streams.add(ex)
         try:
             if websocket:
@@ -294,175 +256,44 @@ class DataPlaneProxy:
         finally:
             route.streams.discard(ex)
 
-    async def _aborted(self, scope: Scope, send: Any, route: Route, ex: _Exchange) -> None:
+    async def _aborted(self, scope: Scope, send: Any, route: Route, ex: Exchange) -> None:
         if ex.reason == "client gone":
             PROXY_REQUESTS.labels("client_gone").inc()
             return
         PROXY_REQUESTS.labels("aborted").inc()
         if not ex.response_started:
-            await _deny(scope, send, 502, not_found_body(route.sandbox_id))
+            await deny(scope, send, 502, not_found_body(route.sandbox_id))
             return
-        raise _Aborted(ex.reason)
+        raise Aborted(ex.reason)
 
     async def _websocket(
-        self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: _Exchange
+        self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: Exchange
     ) -> None:
-        qs = scope.get("query_string", b"")
-        path = target.raw_path + b"?" + qs if qs else target.raw_path
-        try:
-            up = await ws.open_upstream(
-                route.handle.slot_addr, target.port, path,
-                _forward_headers(scope["headers"], ws.HANDSHAKE_HEADERS),
-                scope.get("subprotocols") or (),
-            )  # fmt: skip
-        except ws.Refused as e:
-            PROXY_REQUESTS.labels("ws_refused").inc()
-            ctype = next((v for k, v in e.headers if k == b"content-type"), b"text/plain")
-            await ws.deny(scope, send, e.status, e.body, ctype)
-            return
-        except ConnectFailed:
-            PROXY_REQUESTS.labels("port_closed").inc()
-            await _deny(scope, send, 502, _port_closed_body(route, target.port))
-            return
-        except UpstreamError as e:
-            PROXY_REQUESTS.labels("upstream_error").inc()
-            await _deny(scope, send, 502, {"code": 502, "message": f"upstream error: {e}"})
-            return
-        bridge = ws.Bridge(up, receive, send)
-        PROXY_OPEN.inc()
-        try:
-            await send({"type": "websocket.accept", "subprotocol": up.subprotocol,
-                        "headers": ws.accept_headers(up, _RESPONSE_DROP)})  # fmt: skip
-            ex.response_started = True
-            await bridge.run()
-            PROXY_REQUESTS.labels("ws_ok").inc()
-        except asyncio.CancelledError:
-            if ex.reason is None or not ex.response_started:
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            PROXY_REQUESTS.labels("client_gone" if ex.reason == "client gone" else "aborted").inc()
-            await bridge.end(ws.CLOSE_GOING_AWAY, ex.reason)
-        finally:
-            PROXY_OPEN.dec()
-            up.transport.abort()  # idempotent; also covers a failed accept
+        outcome = await relay_websocket(
+            scope, receive, send, (route.handle.slot_addr, target.port),
+            target_of(scope, target.raw_path), _sandbox_headers(scope), ex,
+            lambda: _port_closed_body(route, target.port),
+        )  # fmt: skip
+        PROXY_REQUESTS.labels(outcome).inc()
 
     async def _exchange(
-        self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: _Exchange
+        self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: Exchange
     ) -> None:
-        length: bytes | None = None
-        chunked = False
-        for k, v in scope["headers"]:
-            if k == b"content-length":
-                length = v.strip()
-            elif k == b"transfer-encoding":
-                chunked = True
-        has_body = chunked or (length is not None and length != b"0")
-        headers = _forward_headers(scope["headers"], _CONTENT_LENGTH)
-        if length is not None and not has_body:
-            headers.append((b"content-length", length))
-        if chunked:
-            length = None  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
-        qs = scope.get("query_string", b"")
-        path = target.raw_path + b"?" + qs if qs else target.raw_path
-        # Set once the request body has been read to its end: until then it owns `receive`.
-        body_read = asyncio.Event() if has_body else None
         try:
-            response = await self.upstream.request(
-                scope["method"], route.handle.slot_addr, target.port, path, headers,
-                body=_body(receive, body_read) if body_read is not None else None,
-                content_length=length,
+            outcome = await relay_http(
+                self.upstream, scope, receive, send, (route.handle.slot_addr, target.port),
+                target_of(scope, target.raw_path), _sandbox_headers(scope), ex,
+                lambda: _port_closed_body(route, target.port),
             )  # fmt: skip
-        except ConnectFailed:
-            PROXY_REQUESTS.labels("port_closed").inc()
-            await send_json(send, 502, _port_closed_body(route, target.port))
-            return
-        except _ClientGone:
-            PROXY_REQUESTS.labels("client_gone").inc()
-            return
-        except UpstreamError as e:
-            PROXY_REQUESTS.labels("upstream_error").inc()
-            await send_json(send, 502, {"code": 502, "message": f"upstream error: {e}"})
-            return
-        watcher: asyncio.Task[None] | None = None
-        PROXY_OPEN.inc()
-        try:
-            out = [(k, v) for k, v in response.headers if k.lower() not in _RESPONSE_DROP]
-            await send({"type": "http.response.start", "status": response.status,
-                        "headers": out})  # fmt: skip
-            ex.response_started = True
-            if not response.has_length:
-                # A stream: notice a client that goes away, or it would pin the upstream.
-                watcher = asyncio.create_task(_watch_disconnect(receive, ex, body_read))
-            try:
-                async for chunk in response.body():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except _ClientGone:  # while its request body was still coming (full duplex)
-                PROXY_REQUESTS.labels("client_gone").inc()
-                return
-            except UpstreamError as e:
-                PROXY_REQUESTS.labels("upstream_broken").inc()
-                raise _Aborted(f"upstream broke: {e}") from None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            PROXY_REQUESTS.labels("ok").inc()
-        finally:
-            PROXY_OPEN.dec()
-            if watcher is not None:
-                watcher.cancel()
-            await response.aclose()
+        except Aborted:
+            PROXY_REQUESTS.labels("upstream_broken").inc()
+            raise
+        PROXY_REQUESTS.labels(outcome).inc()
 
 
-class _ClientGone(Exception):
-    pass
-
-
-async def _body(receive: Any, read: asyncio.Event):  # type: ignore[no-untyped-def]
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = msg.get("body", b"")
-        if chunk:
-            yield chunk
-        if not msg.get("more_body", False):
-            read.set()
-            return
-
-
-async def _watch_disconnect(
-    receive: Any, ex: _Exchange, body_read: asyncio.Event | None
-) -> None:
-    if body_read is not None:
-        await body_read.wait()  # one reader of `receive` at a time: the body's comes first
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            ex.abort("client gone")
-            return
-
-
-def _forward_headers(
-    headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
-) -> list[tuple[bytes, bytes]]:
-    """The client's request headers for the sandbox: no hop-by-hop (nor those `Connection`
-    lists), no routing headers, none in `drop`."""
-    listed: set[bytes] = set()
-    for k, v in headers:
-        if k == b"connection":
-            listed.update(t.strip().lower() for t in v.split(b","))
-    return [
-        (k, v)
-        for k, v in headers
-        if k not in _HOP_BY_HOP and k not in _ROUTING and k not in listed and k not in drop
-    ]
-
-
-async def _deny(scope: Scope, send: Any, status: int, body: dict[str, Any]) -> None:
-    if scope["type"] == "websocket":
-        await ws.deny(scope, send, status, json.dumps(body, separators=(",", ":")).encode())
-    else:
-        await send_json(send, status, body)
+def _sandbox_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The client's request headers for the sandbox: no hop-by-hop, no routing ones."""
+    return forward_headers(scope["headers"], _ROUTING)
 
 
 def _port_closed_body(route: Route, port: int) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from aenv.api import errors
-from aenv.api.proxy import send_json
+from aenv.api.relay import send_json
 from aenv.images.context import UPLOAD_PREFIX, ContextError, ContextStore
 
 
