@@ -50,6 +50,10 @@ class ClusterConfig(BaseModel):
     node_name: str = ""  # default: "<hostname>-<instance>"
     node_url: str = ""  # how gateways reach this node; default: public_url or http://host:port
     lease_ttl_s: int = Field(10, ge=2, le=300)  # a dead node is lost within this
+    # Shared by every node and gateway of the cluster: a gateway's create names the
+    # sandbox id it bound, and only a request carrying this token may.
+    token: str = ""
+    gateway_port: int = 8080  # `aenv gateway` listens here (on `host`)
 
 
 class Config(BaseModel):
@@ -258,6 +262,8 @@ _CLUSTER_ENV = {
     "NODE_NAME": "node_name",
     "NODE_URL": "node_url",
     "CLUSTER_LEASE_TTL_S": "lease_ttl_s",
+    "CLUSTER_TOKEN": "token",
+    "GATEWAY_PORT": "gateway_port",
 }
 
 

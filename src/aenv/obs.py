@@ -32,6 +32,9 @@ REJECTED_TOTAL = Counter("aenv_capacity_rejections_total", "Creates refused (429
 PROXY_REQUESTS = Counter(
     "aenv_proxy_requests_total", "Data-plane requests by outcome", ["outcome"]
 )
+GATEWAY_REQUESTS = Counter(
+    "aenv_gateway_requests_total", "Requests through a cluster gateway", ["route", "outcome"]
+)
 PROXY_OPEN = Gauge("aenv_proxy_open_streams", "Data-plane responses currently streaming")
 POOLED_VMS = Gauge("aenv_pooled_vms", "Ready VMs in a pool (pools.py)", ["kind"])
 # kind: "sandbox" (the sandbox is then removed), "warm_pool" or "primed_pool" (the pool

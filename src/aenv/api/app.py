@@ -17,7 +17,17 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 import aenv
-from aenv.api import builds, errors, links, sandboxes, snapshots, system, templates, uploads
+from aenv.api import (
+    builds,
+    errors,
+    internal,
+    links,
+    sandboxes,
+    snapshots,
+    system,
+    templates,
+    uploads,
+)
 from aenv.api.auth import resolve_api_key
 from aenv.api.proxy import DataPlaneProxy
 from aenv.api.relay import send_json
@@ -51,8 +61,11 @@ def build_api(node: Node) -> FastAPI:
     api.state.api_key = node.api_key
     api.state.domain = node.config.domain or None
     api.state.builds = node.builds
+    api.state.cluster_token = node.config.cluster.token
+    api.state.proxy = node.proxy
     errors.install(api)
     api.include_router(system.router)
+    api.include_router(internal.router)
     api.include_router(sandboxes.router)
     api.include_router(builds.router)  # before the catch-all /templates/{id:path} routes
     api.include_router(snapshots.router)

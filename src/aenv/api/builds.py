@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key
+from aenv.api.internal import client_origin
 from aenv.api.models import Error
 from aenv.images.builds import Build, BuildNotFound, Builds
 from aenv.images.context import ContextError
@@ -94,7 +95,7 @@ async def build_files(request: Request, template_id: str, files_hash: str) -> Fi
     except ContextError as e:
         raise ApiError(400, str(e)) from None
     # The client's own origin (or the configured public URL), so it works behind a gateway.
-    origin = builds.cfg.public_url or f"{request.url.scheme}://{request.url.netloc}"
+    origin = builds.cfg.public_url or client_origin(request)
     return FileUpload(present=False, url=origin.rstrip("/") + path)
 
 

@@ -114,6 +114,40 @@ def not_found_body(sandbox_id: str) -> dict[str, Any]:
     return {"code": 502, "message": f"The sandbox {sandbox_id} was not found"}
 
 
+def match_target(
+    scope: Scope, domain: bytes | None, agent_port: int = AGENT_PORT
+) -> Target | None:
+    """The sandbox a request is for (the rules in this module's docstring), or None for
+    the control plane. Cheap: one pass over the headers. `domain` is lowercase."""
+    sid = port = host = None
+    for k, v in scope["headers"]:
+        if k in _SID_HEADERS:
+            sid = v
+        elif k in _PORT_HEADERS:
+            port = v
+        elif k == b"host":
+            host = v
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+    if sid is not None:
+        return Target(sid.decode("latin-1"), _port(port), raw_path)
+    if raw_path.startswith(b"/proxy/"):
+        parts = raw_path.split(b"/", 4)  # ['', 'proxy', id, port, rest]
+        if len(parts) >= 4 and parts[2]:
+            rest = b"/" + parts[4] if len(parts) == 5 else b"/"
+            return Target(parts[2].decode("latin-1"), _port(parts[3]), rest)
+    if domain and host:
+        name = host.rsplit(b":", 1)[0].lower() if not host.startswith(b"[") else host
+        suffix = b"." + domain
+        if name.endswith(suffix):
+            label = name[: -len(suffix)]
+            p, sep, rest = label.partition(b"-")
+            if sep and p.isdigit() and rest and b"." not in rest:
+                return Target(rest.decode("latin-1"), _port(p), raw_path)
+    if scope["path"] == "/files" and b"signature=" in scope.get("query_string", b""):
+        return Target(None, agent_port, raw_path)
+    return None
+
+
 class DataPlaneProxy:
     def __init__(
         self, routes: RouteTable, domain: str | None = None, agent_port: int = AGENT_PORT,
@@ -134,36 +168,10 @@ class DataPlaneProxy:
     # -- routing ---------------------------------------------------------------------------
 
     def match(self, scope: Scope) -> Target | None:
-        """The sandbox a request is for, or None for the control plane. Cheap: one pass."""
-        sid = port = host = None
-        for k, v in scope["headers"]:
-            if k in _SID_HEADERS:
-                sid = v
-            elif k in _PORT_HEADERS:
-                port = v
-            elif k == b"host":
-                host = v
-        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        if sid is not None:
-            return Target(sid.decode("latin-1"), _port(port), raw_path)
-        if raw_path.startswith(b"/proxy/"):
-            parts = raw_path.split(b"/", 4)  # ['', 'proxy', id, port, rest]
-            if len(parts) >= 4 and parts[2]:
-                rest = b"/" + parts[4] if len(parts) == 5 else b"/"
-                return Target(parts[2].decode("latin-1"), _port(parts[3]), rest)
-        if self.domain and host:
-            name = host.rsplit(b":", 1)[0].lower() if not host.startswith(b"[") else host
-            suffix = b"." + self.domain
-            if name.endswith(suffix):
-                label = name[: -len(suffix)]
-                p, sep, rest = label.partition(b"-")
-                if sep and p.isdigit() and rest and b"." not in rest:
-                    return Target(rest.decode("latin-1"), _port(p), raw_path)
-        if scope["path"] == "/files" and b"signature=" in scope.get("query_string", b""):
-            return Target(None, self.agent_port, raw_path)
-        return None
+        """The sandbox a request is for, or None for the control plane."""
+        return match_target(scope, self.domain, self.agent_port)
 
-    def _find_signed(self, method: str, params: dict[str, list[str]]) -> Route | None:
+    def find_signed(self, method: str, params: dict[str, list[str]]) -> Route | None:
         for route in self.routes:
             if _signature_ok(route, method, params):
                 return route
@@ -207,7 +215,7 @@ class DataPlaneProxy:
         unauthorized = _Denial(401, {"code": 401, "message": UNAUTHORIZED}, "unauthorized")
         if target.sandbox_id is None:
             params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            route = self._find_signed(method, params)
+            route = self.find_signed(method, params)
             if route is None:
                 return unauthorized
         else:

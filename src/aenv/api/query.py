@@ -7,6 +7,9 @@ import binascii
 from datetime import UTC, datetime
 from urllib.parse import unquote
 
+from fastapi import Request, Response
+
+from aenv.cluster import wire
 from aenv.orchestrator.errors import InvalidRequest
 from aenv.orchestrator.states import SandboxState, states_for_public
 
@@ -33,6 +36,13 @@ def parse_metadata_filter(value: str | None) -> dict[str, str]:
 def encode_cursor(cursor: tuple[int, str]) -> str:
     raw = f"{cursor[0]}__{cursor[1]}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def cluster_cursors(request: Request, response: Response,
+                    cursors: list[tuple[int, str]]) -> None:  # fmt: skip
+    """Give a cluster gateway each listed item's cursor (`cluster/wire.py`)."""
+    if wire.token_ok(request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+        response.headers[wire.CURSORS_HEADER] = ",".join(encode_cursor(c) for c in cursors)
 
 
 def decode_cursor(token: str | None) -> tuple[int, str] | None:

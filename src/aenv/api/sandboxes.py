@@ -27,6 +27,7 @@ from aenv.api.models import (
     SandboxRefresh,
     SandboxTimeout,
 )
+from aenv.cluster import wire
 from aenv.orchestrator.errors import Unsupported
 from aenv.orchestrator.service import CreateRequest, Orchestrator
 from aenv.orchestrator.states import PUBLIC_STATE, states_for_public
@@ -110,6 +111,18 @@ def _unsupported_options(body: NewSandbox) -> None:
         raise Unsupported("volumeMounts are not supported yet")
 
 
+def _placed_id(request: Request) -> str | None:
+    """The id a cluster gateway bound this create to, if it came through one."""
+    sid = request.headers.get(wire.SANDBOX_ID_HEADER)
+    if sid is None:
+        return None
+    if not wire.token_ok(request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+        raise ApiError(403, f"{wire.SANDBOX_ID_HEADER} is for cluster gateways only")
+    if not wire.SANDBOX_ID_RE.match(sid):
+        raise ApiError(400, f"invalid {wire.SANDBOX_ID_HEADER}")
+    return sid
+
+
 async def _create(request: Request, body: NewSandbox, default_timeout: int) -> Sandbox:
     _unsupported_options(body)
     req = CreateRequest(
@@ -126,6 +139,7 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         deny_out=list(body.network.denyOut or []) if body.network else [],
         vcpus=body.cpuCount,
         memory_mib=body.memoryMB,
+        sandbox_id=_placed_id(request),
     )
     rec = await _orch(request).create(req)
     return _sandbox(request, rec)
@@ -190,6 +204,7 @@ async def list_sandboxes(
     recs, nxt = _orch(request).list(q)
     if nxt is not None:
         response.headers["x-next-token"] = query.encode_cursor(nxt)
+    query.cluster_cursors(request, response, [(r.started_at_us, r.sandbox_id) for r in recs])
     return [ListedSandbox(**_listed_fields(request, r)) for r in recs]
 
 

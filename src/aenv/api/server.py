@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Generator
@@ -20,6 +19,7 @@ from types import FrameType
 import uvicorn
 
 from aenv.api.app import Node
+from aenv.api.sockets import listen
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
@@ -75,26 +75,10 @@ def uvicorn_config(node: Node, config: Config) -> uvicorn.Config:
     )
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """Bind before anything starts, so a taken port is one clear error with nothing
-    (no VM, no slot) to undo."""
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
-    # (a proto of 0 leaves Nagle on: +40 ms on every keep-alive response).
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                         socket.SOCK_STREAM, socket.IPPROTO_TCP)  # fmt: skip
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def run(config: Config) -> int:
     configure_logging(config.log_level)
     try:
-        sock = _listen(config.host, config.port)
+        sock = listen(config.host, config.port)
     except OSError as e:
         print(f"aenv server: cannot listen on {config.host}:{config.port}: {e.strerror}",
               file=sys.stderr)

@@ -78,6 +78,8 @@ async def list_snapshots(
     )  # fmt: skip
     if nxt is not None:
         response.headers["x-next-token"] = query.encode_cursor(nxt)
+    query.cluster_cursors(request, response,
+                          [(snaps.created_us(s), s.snapshot_id) for s in items])  # fmt: skip
     return [SnapshotInfo(snapshotID=s.snapshot_id, names=list(s.names)) for s in items]
 
 

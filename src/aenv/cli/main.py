@@ -101,6 +101,25 @@ def server(
     raise typer.Exit(code)
 
 
+@app.command()
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Listen address [env AENV_HOST]")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Listen port [env AENV_GATEWAY_PORT, default 8080]")
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="debug|info|warning|error [env AENV_LOG_LEVEL]")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run a cluster gateway: the whole E2B API of the cluster's nodes on one origin."""
+    from aenv import config as aenv_config
+    from aenv.cluster.gateway.server import run
+
+    cfg = aenv_config.load(config, host=host, log_level=log_level)
+    raise typer.Exit(run(cfg, port))
+
+
 # `aenv setup` lives in src/aenv/cli/setup.py; this wrapper only defers its (slow) imports.
 # tests/cli/test_cli_unit.py checks that the two signatures stay the same.
 @app.command()

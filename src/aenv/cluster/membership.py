@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field, ValidationError
 
 from aenv.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
+from aenv.cluster.view import PrefixView
 from aenv.tasks import cancel
 
 log = logging.getLogger("aenv.cluster")
@@ -56,9 +57,16 @@ class NodeRecord(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     templates: list[str] = Field(default_factory=list)
     snapshots: list[str] = Field(default_factory=list)
+    # Every name a create may give here (template ids and aliases, snapshot ids and names)
+    # and the memory it reserves: what placement reserves before the node is asked.
+    memory_of: dict[str, int] = Field(default_factory=dict)
     draining: bool = False
     started_at: float = 0.0
     updated_at: float = 0.0
+
+    def holds(self, name: str) -> bool:
+        """Whether a create of template or snapshot `name` needs no transfer here."""
+        return name in self.memory_of or name in self.templates or name in self.snapshots
 
     def content(self) -> dict[str, object]:
         """The record without its timestamp: what a republish compares."""
@@ -145,53 +153,15 @@ class Registration:
             self.lease = 0
 
 
-class Members:
+class Members(PrefixView[NodeRecord]):
     """The current records of every node, kept up to date by a watch."""
 
     def __init__(self, etcd: Etcd, prefix: str) -> None:
-        self.etcd = etcd
-        self.prefix = nodes_prefix(prefix)
-        self.nodes: dict[str, NodeRecord] = {}
-        self._task: asyncio.Task[None] | None = None
-        self.changed = asyncio.Event()  # set on every change; whoever waits clears it
+        super().__init__(etcd, nodes_prefix(prefix), _parse)
 
-    async def start(self) -> None:
-        """Read every record (EtcdError if etcd cannot be reached), then follow changes."""
-        revision = await self.load()
-        self._task = asyncio.get_running_loop().create_task(self._run(revision),
-                                                            name="aenv-members")
-
-    async def load(self) -> int:
-        kvs, revision = await self.etcd.get_prefix(self.prefix)
-        nodes = {}
-        for kv in kvs:
-            rec = _parse(kv.value)
-            if rec is not None:
-                nodes[rec.name] = rec
-        self.nodes = nodes
-        self.changed.set()
-        return revision
-
-    async def _run(self, revision: int) -> None:
-        while True:
-            try:
-                async for ev in self.etcd.watch_prefix(self.prefix, revision + 1):
-                    revision = max(revision, ev.kv.mod_revision)
-                    name = ev.kv.key[len(self.prefix):]
-                    if ev.type == "DELETE":
-                        self.nodes.pop(name, None)
-                    elif (rec := _parse(ev.kv.value)) is not None:
-                        self.nodes[name] = rec
-                    self.changed.set()
-            except EtcdError as e:
-                log.warning("watching %s: %s; reading again", self.prefix, e)
-                await asyncio.sleep(RETRY_S)
-                with contextlib.suppress(EtcdError):
-                    revision = await self.load()
-
-    async def stop(self) -> None:
-        await cancel(self._task)
-        self._task = None
+    @property
+    def nodes(self) -> dict[str, NodeRecord]:
+        return self.items
 
 
 def _parse(raw: bytes) -> NodeRecord | None:

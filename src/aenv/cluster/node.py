@@ -17,6 +17,7 @@ import aenv
 from aenv.cluster.bindings import Held, NodeBindings
 from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
+from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.tools import tools_key
@@ -55,6 +56,7 @@ class NodeMembership:
         self.registration = Registration(self.etcd, cfg.cluster.prefix, self.record,
                                          ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
         self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held)
+        orchestrator.on_stopped.append(self._last_reconcile)
 
     def held(self) -> dict[str, Held]:
         return {r.sandbox_id: Held(r.memory_mib, r.template_id, r.state in HOLDS_CAPACITY)
@@ -64,7 +66,16 @@ class NodeMembership:
         orch, runtime = self.orch, self.orch.runtime
         hot = getattr(runtime, "hot", None)
         accel = getattr(runtime, "accel", None)
-        budget = hot.memory_budget_mib() if hot is not None else 0
+        budget = memory_budget_mib(self.cfg)
+        templates = orch.templates()
+        snapshots = orch.snapshot_list()
+        memory_of: dict[str, int] = {}
+        for snap in snapshots:
+            for name in (*snap.names, snap.snapshot_id):
+                memory_of[name] = snap.shape.memory_mib
+        for t in templates:  # a template's names win over a snapshot's (as in a create)
+            for name in (*t.aliases, t.template_id):
+                memory_of[name] = t.shape.memory_mib
         return NodeRecord(
             name=node_name(self.cfg), url=node_url(self.cfg), version=aenv.__version__,
             accelerator=accel() if callable(accel) else None,
@@ -76,8 +87,9 @@ class NodeMembership:
                 hot_paused=len(hot.names()) if hot is not None else 0,
                 hot_rss_mib=hot.resident_mib() if hot is not None else 0,
             ),
-            templates=sorted(t.template_id for t in orch.templates()),
-            snapshots=sorted(s.snapshot_id for s in orch.snapshot_list()),
+            templates=sorted(t.template_id for t in templates),
+            snapshots=sorted(s.snapshot_id for s in snapshots),
+            memory_of=memory_of,
             draining=not orch.accepting, started_at=self.started_at,
         )  # fmt: skip
 
@@ -89,13 +101,17 @@ class NodeMembership:
         """Shutdown begins: the record goes, so no gateway places here any more."""
         await self.registration.stop()
 
+    async def _last_reconcile(self) -> None:
+        """The orchestrator stopped (its store still open): the bindings say what shutdown
+        left, paused sandboxes bound to this node and holding nothing."""
+        await self.bindings.stop()
+        with contextlib.suppress(EtcdError, asyncio.TimeoutError):
+            await asyncio.wait_for(self.bindings.reconcile(), CLOSE_RECONCILE_S)
+
     async def close(self) -> None:
-        """After the orchestrator closed: the bindings say what shutdown left (paused
-        sandboxes stay bound to this node, holding nothing), then etcd is let go."""
+        """After the orchestrator closed: etcd is let go."""
         try:
             await self.bindings.stop()
-            with contextlib.suppress(EtcdError, asyncio.TimeoutError):
-                await asyncio.wait_for(self.bindings.reconcile(), CLOSE_RECONCILE_S)
         finally:
             await self.registration.stop()
             await self.etcd.aclose()

@@ -108,8 +108,7 @@ class PreferLocal:
             return None
 
         def key(n: NodeView) -> tuple[bool, float, str]:
-            local = bool(req.template) and (req.template in n.record.templates
-                                            or req.template in n.record.snapshots)
+            local = bool(req.template) and n.record.holds(req.template)
             return (not local, n.load(), n.record.name)
 
         return min(fitting, key=key)

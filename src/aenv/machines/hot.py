@@ -73,6 +73,12 @@ def host_memory_mib() -> int:
     return 0
 
 
+def memory_budget_mib(cfg: Config) -> int:
+    """A node's memory budget for sandboxes (`memory_budget_mib`, else the host's memory
+    less 2 GiB for itself)."""
+    return cfg.memory_budget_mib or max(host_memory_mib() - 2048, 1024)
+
+
 class HotTier:
     """Which paused sandboxes keep their VMM, and when each one stops keeping it.
     `demote(machine, reason)` ends a VMM the tier let go (the runtime's)."""
@@ -165,7 +171,7 @@ class HotTier:
 
     def memory_budget_mib(self) -> int:
         """The node's memory budget for sandboxes: running VMs' RAM plus hot VMMs' RSS."""
-        return self.cfg.memory_budget_mib or max(host_memory_mib() - 2048, 1024)
+        return memory_budget_mib(self.cfg)
 
     async def make_room(self, committed_mib: int, new_mib: int) -> None:
         """Demote the oldest hot VMMs while `committed_mib` (running VMs' RAM) + the hot

@@ -57,3 +57,5 @@ class CreateRequest:
     deny_out: list[object] = field(default_factory=list)  # E2B network.denyOut
     vcpus: int | None = None
     memory_mib: int | None = None
+    # Chosen by a cluster gateway (which bound it to this node before asking); else new.
+    sandbox_id: str | None = None

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pydantic
 
@@ -84,6 +84,9 @@ class Orchestrator(Pausing, Forking):
         self._started = False
         self._closing = False
         self._snap_refs = snaps.SnapshotRefs()
+        # Run at close, after the last pause and VM and before the store closes: the
+        # cluster's bindings then say what shutdown left (cluster/node.py).
+        self.on_stopped: list[Callable[[], Awaitable[None]]] = []
         # Free bytes on the data filesystem (space admission); tests replace it.
         self.free_bytes: Callable[[], int] = lambda: space.free_bytes(config.data_dir)
 
@@ -151,6 +154,11 @@ class Orchestrator(Pausing, Forking):
                 log.exception("node.runtime_close_failed")
         for rec in doomed:
             self.store.force_delete(rec.sandbox_id)
+        for hook in self.on_stopped:
+            try:
+                await hook()
+            except Exception:
+                log.exception("node.stop_hook_failed")
         self.store.close()
         log_event(log, "node.stopped", killed=len(doomed))
 
@@ -290,6 +298,8 @@ class Orchestrator(Pausing, Forking):
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
         self._admit(shape.memory_mib, "create a sandbox")
+        if req.sandbox_id is not None and self.store.get(req.sandbox_id) is not None:
+            raise StateConflict(f"sandbox {req.sandbox_id} already exists")
         rec = self._new_record(req, info, shape, egress)
         sid = rec.sandbox_id
         self.store.insert(rec)
@@ -315,7 +325,7 @@ class Orchestrator(Pausing, Forking):
                     egress: EgressPolicy) -> SandboxRecord:
         now = self.now_us()
         return SandboxRecord(
-            sandbox_id=new_sandbox_id(),
+            sandbox_id=req.sandbox_id or new_sandbox_id(),
             template_id=info.template_id,
             alias=req.template if req.template in info.aliases else next(iter(info.aliases), None),
             state=S.CREATING,

@@ -1,19 +1,15 @@
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from aenv.api.app import Node
 from aenv.config import Config
 from aenv.orchestrator.fake import FakeRuntime
+from tests.support.asgi import serve  # noqa: F401 (re-exported)
 
 KEY = "test-key-0123456789"
 
@@ -52,31 +48,3 @@ async def client(node: Node) -> AsyncIterator[httpx.AsyncClient]:
         headers={"X-API-Key": KEY},
     ) as c:  # fmt: skip
         yield c
-
-
-class _QuietServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-@contextlib.asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[int]:
-    """Run an ASGI app under a real uvicorn on a free loopback port (lifespan off)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = _QuietServer(uvicorn.Config(
-        app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=1,
-    ))  # fmt: skip
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        await task

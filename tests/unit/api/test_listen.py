@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from aenv.api.server import _listen
+from aenv.api.sockets import listen
 
 
 async def test_accepted_connections_have_nodelay() -> None:
-    sock = _listen("127.0.0.1", 0)
+    sock = listen("127.0.0.1", 0)
     assert sock.proto == socket.IPPROTO_TCP  # asyncio sets TCP_NODELAY only then
     got: list[int] = []
 

@@ -1,0 +1,59 @@
+"""A node's routes for its cluster's gateways (`cluster/wire.py`), under `/cluster/v1`,
+authenticated by the cluster token rather than an API key; 404 on a node without one.
+
+- `GET /cluster/v1/sandboxes/{id}`: whether this node holds the sandbox (200 with its
+  public state, or 404). A gateway asks when it finds no binding yet (a fork child or a
+  direct create bound within a second of its creation).
+- `GET /cluster/v1/signed-files?<the /files query>&method=GET|POST`: which of this node's
+  sandboxes a signed `/files` URL is for (200 `{sandboxID}`, or 404). Such a URL carries
+  no sandbox id, and tokens never leave their node, so a gateway asks the nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from aenv.api.apierror import ApiError
+from aenv.cluster import wire
+from aenv.orchestrator.states import PUBLIC_STATE
+
+
+def client_origin(request: Request) -> str:
+    """The origin the client called: a gateway's (it says so, with the cluster token), else
+    this node's."""
+    origin = request.headers.get(wire.ORIGIN_HEADER)
+    if origin and wire.token_ok(request.app.state.cluster_token,
+                                request.headers.get(wire.TOKEN_HEADER)):  # fmt: skip
+        return origin
+    return f"{request.url.scheme}://{request.url.netloc}"
+
+
+async def _require_cluster_token(request: Request) -> None:
+    if not wire.token_ok(request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+        raise ApiError(404, "Not Found")  # no hint that the routes exist
+
+
+router = APIRouter(prefix=wire.INTERNAL_PREFIX, include_in_schema=False,
+                   dependencies=[Depends(_require_cluster_token)])  # fmt: skip
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def held(request: Request, sandbox_id: str) -> dict[str, str]:
+    rec = request.app.state.orchestrator.store.get(sandbox_id)
+    if rec is None or rec.state not in PUBLIC_STATE:
+        raise ApiError(404, f"sandbox {sandbox_id} is not on this node")
+    return {"sandboxID": sandbox_id, "state": PUBLIC_STATE[rec.state]}
+
+
+@router.get("/signed-files")
+async def signed_files(
+    request: Request, method: Annotated[str, Query(pattern="^(GET|POST)$")]
+) -> dict[str, str]:
+    params = parse_qs(request.url.query)
+    route = request.app.state.proxy.find_signed(method, params)
+    if route is None:
+        raise ApiError(404, "no sandbox of this node signed it")
+    return {"sandboxID": route.sandbox_id}

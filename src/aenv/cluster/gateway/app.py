@@ -1,0 +1,456 @@
+"""The gateway's ASGI application: one origin for a cluster's whole E2B API.
+
+    gw = Gateway(config)      # cluster.etcd_endpoints, cluster.token and the API key set
+    uvicorn.run(gw, ...)      # lifespan: etcd, the node records and the bindings watched
+
+Stateless: everything it knows is in etcd (node records, bindings) or asked of the nodes,
+so any number of replicas serve the same cluster behind a load balancer. Each request
+goes to one node, chosen by what it names (`routing.py`), and is relayed to it as is,
+streaming both ways (`api/relay.py`, as the node's own proxy does). Sandbox traffic goes
+with the E2B routing headers, so a node sees the same request whichever way the client
+named the sandbox.
+
+- A create is placed first: the gateway chooses the sandbox id, binds it to a node and
+  reserves its capacity there in one etcd transaction (`placement.py`), then asks that
+  node to create it under that id (with the cluster token). A create the node refuses,
+  or that never reached it, gives its reservation back at once.
+- A sandbox with no binding yet (a fork child, a create made on a node directly: the
+  node binds them within a second) is looked for on every node (`/cluster/v1`), as is
+  the sandbox a signed `/files` URL is for: tokens never leave their node.
+- A sandbox whose node is not a member (lost, or gone) answers as a missing one does:
+  404 on the control plane, 502 "was not found" on the data plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+import aenv
+from aenv.api.auth import api_key_path
+from aenv.api.proxy import UNAUTHORIZED, Target, not_found_body
+from aenv.api.relay import (
+    Aborted,
+    Exchange,
+    Headers,
+    deny,
+    forward_headers,
+    install_abort_filter,
+    relay_http,
+    relay_websocket,
+    send_json,
+    target_of,
+)
+from aenv.api.upstream import UpstreamPool
+from aenv.cluster import placement, wire
+from aenv.cluster.etcd import Etcd, EtcdError
+from aenv.cluster.gateway import lists, routing
+from aenv.cluster.gateway.nodes import (
+    CREATE_TIMEOUT_S,
+    Answer,
+    NodeUnreachable,
+    address,
+    call,
+    call_all,
+)
+from aenv.cluster.membership import Members, NodeRecord
+from aenv.cluster.placement import Binding, PlacementFailed, PlacementRequest, PreferLocal
+from aenv.cluster.view import PrefixView
+from aenv.config import Config
+from aenv.obs import GATEWAY_REQUESTS
+from aenv.orchestrator.requests import FULL_RETRY_AFTER_S, new_sandbox_id
+
+log = logging.getLogger("aenv.gateway")
+
+MAX_CREATE_BODY = 1 << 20  # as a node's control plane (api/app.py)
+FOUND_TTL_S = 10.0  # a sandbox found by asking the nodes: its binding comes within this
+_CONTROL_DROP = frozenset({
+    b"host", b"expect", b"content-length", wire.SANDBOX_ID_HEADER.encode(),
+    wire.TOKEN_HEADER.encode(), wire.ORIGIN_HEADER.encode(), wire.CURSORS_HEADER.encode(),
+})  # fmt: skip
+_DATA_DROP = _CONTROL_DROP | {
+    b"e2b-sandbox-id", b"e2b-sandbox-port", b"x-agentenv-sandbox-id", b"x-agentenv-target-port",
+}
+
+
+class GatewayConfigError(Exception):
+    pass
+
+
+def _parse_binding(raw: bytes) -> Binding | None:
+    try:
+        return Binding.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
+class Gateway:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.prefix = config.cluster.prefix
+        self.token = config.cluster.token
+        self.domain = config.domain.lower().encode() if config.domain else None
+        self.pool = UpstreamPool()
+        self.policy = PreferLocal()
+        self.api_key = ""
+        self.etcd: Etcd | None = None
+        self.members: Members | None = None
+        self.bindings: PrefixView[Binding] | None = None
+        self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
+        install_abort_filter()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config.cluster
+        if not cfg.etcd_endpoints:
+            raise GatewayConfigError("a gateway needs cluster.etcd_endpoints "
+                                     "(AENV_ETCD_ENDPOINTS)")  # fmt: skip
+        if not self.token:
+            raise GatewayConfigError("a gateway needs the cluster token (AENV_CLUSTER_TOKEN), "
+                                     "the same as its nodes'")  # fmt: skip
+        self.api_key = self.config.api_key or _read_key(self.config)
+        self.etcd = Etcd(cfg.etcd_endpoints)
+        self.members = Members(self.etcd, self.prefix)
+        self.bindings = PrefixView(self.etcd, f"{self.prefix}bindings/", _parse_binding)
+        try:
+            await self.members.start()
+            await self.bindings.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        for view in (self.bindings, self.members):
+            if view is not None:
+                await view.stop()
+        if self.etcd is not None:
+            await self.etcd.aclose()
+        await self.pool.aclose()
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind not in ("http", "websocket"):
+            return
+        if kind == "websocket":
+            await receive()  # websocket.connect
+        r = routing.route(scope, self.domain)
+        label = type(r).__name__
+        try:
+            outcome = await self._dispatch(r, scope, receive, send)
+        except EtcdError as e:
+            outcome = "etcd_unavailable"
+            await deny(scope, send, 503, {"code": 503, "message": f"cluster state is "
+                                          f"unavailable: {e}"})  # fmt: skip
+        GATEWAY_REQUESTS.labels(label, outcome).inc()
+
+    async def _dispatch(self, r: routing.Route, scope: dict[str, Any], receive: Any,
+                        send: Any) -> str:  # fmt: skip
+        if isinstance(r, routing.Data):
+            return await self._data(scope, receive, send, r.target)
+        if scope["type"] == "websocket":
+            await deny(scope, send, 404, {"code": 404, "message": "Not Found"})
+            return "not_found"
+        if isinstance(r, routing.OneSandbox):
+            node = await self._owner(r.sandbox_id)
+            if node is None:
+                await send_json(send, 404, _no_sandbox(r.sandbox_id))
+                return "not_found"
+            return await self._relay(scope, receive, send, node, self._control_headers(scope))
+        if isinstance(r, routing.Create):
+            return await self._create(scope, receive, send)
+        if isinstance(r, routing.Listing):
+            return await self._listing(scope, send, r.kind)
+        if isinstance(r, routing.Own):
+            await self._own(send, r.what)
+            return "ok"
+        node = self._template_home(r.name if isinstance(r, routing.ByTemplate) else None)
+        if node is None:
+            await send_json(send, 503, _no_nodes())
+            return "no_nodes"
+        return await self._relay(scope, receive, send, node, self._control_headers(scope))
+
+    # -- where things are ------------------------------------------------------------------
+
+    def _nodes(self) -> list[NodeRecord]:
+        assert self.members is not None
+        return sorted(self.members.nodes.values(), key=lambda n: n.name)
+
+    def _template_home(self, name: str | None) -> NodeRecord | None:
+        nodes = self._nodes()
+        if name:
+            holding = [n for n in nodes if n.holds(name)]
+            nodes = holding or nodes
+        return nodes[0] if nodes else None
+
+    async def _owner(self, sandbox_id: str) -> NodeRecord | None:
+        """The member node that holds `sandbox_id`, or None (unknown, or its node lost)."""
+        assert self.bindings is not None and self.members is not None and self.etcd
+        b = self.bindings.items.get(sandbox_id)
+        if b is None:  # the watch may lag a binding just written: etcd itself
+            b = await placement.binding(self.etcd, self.prefix, sandbox_id)
+        if b is not None:
+            return self.members.nodes.get(b.node)
+        found = self._found.get(sandbox_id)
+        if found is not None and found[1] > time.monotonic():
+            return self.members.nodes.get(found[0])
+        target = f"{wire.INTERNAL_PREFIX}/sandboxes/{sandbox_id}".encode()
+        for node, a in zip(nodes := self._nodes(),
+                           await call_all(self.pool, nodes, "GET", target, self._internal()),
+                           strict=True):  # fmt: skip
+            if isinstance(a, Answer) and a.status == 200:
+                self._found[sandbox_id] = (node.name, time.monotonic() + FOUND_TTL_S)
+                self._forget_found()
+                return node
+        return None
+
+    def _forget_found(self) -> None:
+        if len(self._found) > 4096:
+            now = time.monotonic()
+            self._found = {k: v for k, v in self._found.items() if v[1] > now}
+
+    async def _signed_owner(self, scope: dict[str, Any]) -> tuple[NodeRecord, str] | None:
+        method = "POST" if scope.get("method") == "POST" else "GET"
+        qs = scope.get("query_string", b"")
+        target = f"{wire.INTERNAL_PREFIX}/signed-files?method={method}&".encode() + qs
+        nodes = self._nodes()
+        for node, a in zip(nodes, await call_all(self.pool, nodes, "GET", target,
+                                                 self._internal()), strict=True):  # fmt: skip
+            if isinstance(a, Answer) and a.status == 200:
+                return node, str(a.json()["sandboxID"])
+        return None
+
+    # -- headers ---------------------------------------------------------------------------
+
+    def _internal(self) -> Headers:
+        return [(wire.TOKEN_HEADER.encode(), self.token.encode())]
+
+    def _control_headers(self, scope: dict[str, Any]) -> Headers:
+        """The client's headers, and the cluster token with the origin the client called
+        (for the URLs a node hands out). Never sent on sandbox traffic."""
+        host = next((v for k, v in scope["headers"] if k == b"host"), b"")
+        origin = f"{scope.get('scheme', 'http')}://".encode() + host
+        return [*forward_headers(scope["headers"], _CONTROL_DROP), *self._internal(),
+                (wire.ORIGIN_HEADER.encode(), origin)]  # fmt: skip
+
+    # -- relaying --------------------------------------------------------------------------
+
+    async def _data(self, scope: dict[str, Any], receive: Any, send: Any, t: Target) -> str:
+        sid = t.sandbox_id
+        if sid is None:
+            found = await self._signed_owner(scope)
+            if found is None:
+                await deny(scope, send, 401, {"code": 401, "message": UNAUTHORIZED})
+                return "unauthorized"
+            node, sid = found
+        else:
+            owner = await self._owner(sid)
+            if owner is None:
+                await deny(scope, send, 502, not_found_body(sid))
+                return "not_found"
+            node = owner
+        headers = [*forward_headers(scope["headers"], _DATA_DROP),
+                   (b"e2b-sandbox-id", sid.encode()), (b"e2b-sandbox-port", b"%d" % t.port)]
+        return await self._relay(scope, receive, send, node, headers, t.raw_path)
+
+    async def _relay(self, scope: dict[str, Any], receive: Any, send: Any, node: NodeRecord,
+                     headers: Headers, raw_path: bytes | None = None) -> str:  # fmt: skip
+        path = raw_path if raw_path is not None else \
+            scope.get("raw_path") or scope["path"].encode()
+        target = target_of(scope, path)
+        addr = address(node.url)
+
+        def unreachable() -> dict[str, Any]:
+            return {"code": 502, "message": f"node {node.name} is unreachable"}
+
+        ex = Exchange()
+        try:
+            if scope["type"] == "websocket":
+                return await relay_websocket(scope, receive, send, addr, target, headers, ex,
+                                             unreachable)  # fmt: skip
+            return await relay_http(self.pool, scope, receive, send, addr, target, headers, ex,
+                                    unreachable)  # fmt: skip
+        except asyncio.CancelledError:
+            if ex.reason is None:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return "client_gone"
+        except Aborted:
+            GATEWAY_REQUESTS.labels("relay", "upstream_broken").inc()
+            raise
+
+    # -- create ----------------------------------------------------------------------------
+
+    async def _create(self, scope: dict[str, Any], receive: Any, send: Any) -> str:
+        if not self._key_ok(scope):
+            await send_json(send, 401, {"code": 401, "message": "Invalid API key"})
+            return "unauthorized"
+        body = await _read_body(receive, MAX_CREATE_BODY)
+        if body is None:
+            await send_json(send, 413, {"code": 413, "message": "request body too large "
+                                        f"(limit {MAX_CREATE_BODY} bytes)"})  # fmt: skip
+            return "too_big"
+        nodes = self._nodes()
+        if not nodes:
+            await send_json(send, 503, _no_nodes())
+            return "no_nodes"
+        target = target_of(scope, scope.get("raw_path") or scope["path"].encode())
+        headers = self._control_headers(scope)
+        req = _placement_request(body, nodes)
+        if req is None:  # not a create any node would make: its answer (400, 404) is ours
+            return await self._answer(send, await call(self.pool, nodes[0], "POST", target,
+                                                       headers, body))  # fmt: skip
+        holders = [n for n in nodes if n.holds(req.template)]
+        assert self.etcd is not None
+        try:
+            node = await placement.place(self.etcd, self.prefix, holders or nodes, req,
+                                         self.policy)  # fmt: skip
+        except PlacementFailed as e:
+            await send_json(send, 429, {"code": 429, "message": str(e)},
+                            [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
+            return "full"
+        headers.append((wire.SANDBOX_ID_HEADER.encode(), req.sandbox_id.encode()))
+        try:
+            answer = await call(self.pool, node, "POST", target, headers, body,
+                                timeout_s=CREATE_TIMEOUT_S)  # fmt: skip
+        except NodeUnreachable as e:
+            if not e.connected:  # it never got there: nothing to wait for
+                await _release(self.etcd, self.prefix, req.sandbox_id)
+            # Else it may have been made: the node binds it, or drops the pending binding.
+            await send_json(send, 502, {"code": 502, "message": str(e)})
+            return "node_unreachable"
+        if answer.status >= 300:
+            await _release(self.etcd, self.prefix, req.sandbox_id)
+        return await self._answer(send, answer)
+
+    def _key_ok(self, scope: dict[str, Any]) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
+        return given is not None and hmac.compare_digest(given, self.api_key.encode())
+
+    async def _answer(self, send: Any, a: Answer) -> str:
+        headers = [(k, v) for k, v in a.headers if k.lower() not in _ANSWER_DROP]
+        headers.append((b"content-length", str(len(a.body)).encode()))
+        await send({"type": "http.response.start", "status": a.status, "headers": headers})
+        await send({"type": "http.response.body", "body": a.body})
+        return "ok" if a.status < 400 else f"status_{a.status}"
+
+    # -- listings and its own ----------------------------------------------------------------
+
+    async def _listing(self, scope: dict[str, Any], send: Any, kind: str) -> str:
+        if not self._key_ok(scope):
+            await send_json(send, 401, {"code": 401, "message": "Invalid API key"})
+            return "unauthorized"
+        nodes = self._nodes()
+        target = target_of(scope, scope["path"].encode())
+        answers = await call_all(self.pool, nodes, "GET", target, self._control_headers(scope))
+        merged = lists.merge(kind, scope.get("query_string", b""), answers)
+        data = lists.body_bytes(merged)
+        await send({"type": "http.response.start", "status": merged.status, "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(data)).encode()), *merged.headers]})  # fmt: skip
+        await send({"type": "http.response.body", "body": data})
+        return "ok" if merged.status == 200 else f"status_{merged.status}"
+
+    async def _own(self, send: Any, what: str) -> None:
+        if what == "metrics":
+            data = generate_latest()
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                (b"content-length", str(len(data)).encode())]})  # fmt: skip
+            await send({"type": "http.response.body", "body": data})
+            return
+        await send_json(send, 200, {"status": "ok", "version": aenv.__version__,
+                                    "role": "gateway", "nodes": len(self._nodes())})  # fmt: skip
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as e:
+                    log.error("gateway.start_failed: %s", e)
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+_ANSWER_DROP = frozenset({b"content-length", b"transfer-encoding", b"connection",
+                          b"keep-alive", b"date", b"server"})  # fmt: skip
+
+
+def _no_sandbox(sandbox_id: str) -> dict[str, Any]:
+    return {"code": 404,
+            "message": f'sandbox "{sandbox_id}" doesn\'t exist or you don\'t have access to it'}
+
+
+def _no_nodes() -> dict[str, Any]:
+    return {"code": 503, "message": "no node of the cluster is available"}
+
+
+def _placement_request(body: bytes, nodes: list[NodeRecord]) -> PlacementRequest | None:
+    """What to place for a create body, or None if no node would make it (bad body,
+    unknown template)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("templateID"), str):
+        return None
+    template: str = doc["templateID"]
+    memory = doc.get("memoryMB")
+    if not isinstance(memory, int) or isinstance(memory, bool):
+        memory = max((n.memory_of[template] for n in nodes if template in n.memory_of),
+                     default=None)  # fmt: skip
+    if memory is None:
+        return None
+    return PlacementRequest(sandbox_id=new_sandbox_id(), memory_mib=memory, template=template)
+
+
+async def _release(etcd: Etcd, prefix: str, sandbox_id: str) -> None:
+    try:
+        await placement.release(etcd, prefix, sandbox_id)
+    except (EtcdError, PlacementFailed) as e:  # the node's reconcile drops it in the end
+        log.warning("releasing %s: %s", sandbox_id, e)
+
+
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    data = bytearray()
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return bytes(data)
+        data += msg.get("body", b"")
+        if len(data) > limit:
+            return None
+        if not msg.get("more_body", False):
+            return bytes(data)
+
+
+def _read_key(config: Config) -> str:
+    try:
+        key = api_key_path(config).read_text().strip()
+    except FileNotFoundError:
+        key = ""
+    if not key:
+        raise GatewayConfigError("a gateway needs the cluster's API key (AENV_API_KEY, or "
+                                 f"{api_key_path(config)})")  # fmt: skip
+    return key
