@@ -116,6 +116,8 @@ def configure_logging(level: str = "info") -> None:
         lg.propagate = True
     # Libraries' debug output is per-packet noise: below INFO only aenv's own lines pass.
     handler.addFilter(_own_debug_only)
+    # httpx logs every request at INFO: for etcd (clusters), several a second per node.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _own_debug_only(record: logging.LogRecord) -> bool:

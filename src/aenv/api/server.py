@@ -8,25 +8,21 @@ sandbox, end every remaining VM (runtime.close) and exit 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import sys
-import threading
-from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
 
 from aenv.api.app import Node
-from aenv.api.sockets import listen
+from aenv.api.serving import GracefulServer, listen
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
 log = logging.getLogger("aenv.server")
 
 
-class _Server(uvicorn.Server):
+class _Server(GracefulServer):
     def __init__(self, config: uvicorn.Config, node: Node) -> None:
         super().__init__(config)
         self.node = node
@@ -44,20 +40,6 @@ class _Server(uvicorn.Server):
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.node.begin_shutdown)
         super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # uvicorn re-raises the signal after a graceful stop; we exit 0 instead.
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        sigs = (signal.SIGINT, signal.SIGTERM)
-        original = {s: signal.signal(s, self.handle_exit) for s in sigs}
-        try:
-            yield
-        finally:
-            for s, h in original.items():
-                signal.signal(s, h)
 
 
 def uvicorn_config(node: Node, config: Config) -> uvicorn.Config:

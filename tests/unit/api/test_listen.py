@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from aenv.api.sockets import listen
+from aenv.api.serving import listen
 
 
 async def test_accepted_connections_have_nodelay() -> None:

@@ -9,7 +9,7 @@ import sys
 
 import uvicorn
 
-from aenv.api.sockets import listen
+from aenv.api.serving import GracefulServer, listen
 from aenv.cluster.gateway.app import Gateway
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
@@ -27,7 +27,7 @@ def run(config: Config, port: int | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     gateway = Gateway(config)
-    server = uvicorn.Server(uvicorn.Config(
+    server = GracefulServer(uvicorn.Config(
         gateway, host=config.host, port=port, lifespan="on", access_log=False,
         log_config=None, server_header=False,
         timeout_graceful_shutdown=int(config.shutdown_grace_s), timeout_keep_alive=30,

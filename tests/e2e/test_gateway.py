@@ -1,0 +1,167 @@
+"""A cluster behind one gateway (issue 14, item 1): a real etcd, two real nodes (each its own
+instance and slot range) and `aenv gateway`, with the unmodified SDK pointed at the
+gateway alone. The acceptance scenario (scenarios.py) runs through it with sandboxes on
+both nodes; then what only a cluster has: signed URLs that carry no sandbox id, a pause
+and resume, and the bindings in etcd."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.support import census
+from tests.support.etcd import EtcdCluster, etcd_cluster
+from tests.support.host import ServerProcess, free_port
+
+from .conftest import API_KEY, NodeProcess, running_node, sdk_pointed_at
+from .scenarios import async_sdk_scenario, sync_sdk_scenario
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+TOKEN = "e2e-cluster-token"
+# Two nodes at once on one host: disjoint host-side slot ranges (4096 slots each).
+SLOT_NETWORKS = ("198.19.0.0/18", "198.19.64.0/18")
+
+
+@dataclass
+class GatewayProcess(ServerProcess):
+    port: int
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, nodes: int) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aenv.cli.main", "gateway", "--port", str(self.port)],
+            env={**os.environ, **self.env}, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"aenv gateway exited with {self.proc.returncode}:\n{self.tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(self.origin + "/health", timeout=1)
+                if r.status_code == 200 and r.json()["nodes"] == nodes:
+                    return
+            time.sleep(0.1)
+        self.kill9()
+        pytest.fail(f"the gateway did not see {nodes} nodes in 60 s:\n{self.tail()}")
+
+
+@dataclass
+class Cluster:
+    etcd: EtcdCluster
+    prefix: str
+    nodes: list[NodeProcess]
+    gateway: GatewayProcess
+    names: list[str] = field(default_factory=list)
+
+    def binding(self, sandbox_id: str) -> dict | None:  # type: ignore[type-arg]
+        key = base64.b64encode(f"{self.prefix}bindings/{sandbox_id}".encode()).decode()
+        r = httpx.post(self.etcd.endpoints[0] + "/v3/kv/range", json={"key": key}, timeout=5)
+        kvs = r.json().get("kvs", [])
+        return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
+
+    def creates(self, node: NodeProcess) -> float:
+        """Sandboxes this node created (its own metrics)."""
+        text = httpx.get(node.origin + "/metrics", timeout=10).text
+        m = re.search(r'^aenv_sandbox_ops_total\{op="create",outcome="ok"\} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    prefix = f"/e{os.urandom(3).hex()}/"
+    instances = [census.new_instance() for _ in SLOT_NETWORKS]
+    with etcd_cluster(1) as etcd, contextlib.ExitStack() as stack:
+        for inst in instances:
+            stack.callback(census.release, inst)
+        common = {"AENV_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "AENV_CLUSTER_PREFIX": prefix,
+                  "AENV_CLUSTER_TOKEN": TOKEN}  # fmt: skip
+        nodes = []
+        for i, (inst, net) in enumerate(zip(instances, SLOT_NETWORKS, strict=True)):
+            (tmp / f"n{i}").mkdir()
+            nodes.append(stack.enter_context(running_node(
+                tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
+                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common)))  # fmt: skip
+        gw = GatewayProcess(free_port(), tmp / "gateway.log",
+                            {**common, "AENV_API_KEY": API_KEY, "AENV_HOST": "127.0.0.1"})
+        gw.start(len(nodes))
+        stack.callback(lambda: print(gw.tail(100)))
+        stack.callback(lambda: gw.stop() == 0 or pytest.fail(f"gateway exit:\n{gw.tail()}"))
+        with sdk_pointed_at(gw):  # type: ignore[arg-type]
+            yield Cluster(etcd, prefix, nodes, gw)
+
+
+def test_the_sync_scenario_runs_through_the_gateway_on_both_nodes(cluster: Cluster) -> None:
+    before = [cluster.creates(n) for n in cluster.nodes]
+    sync_sdk_scenario()
+    made = [cluster.creates(n) - b for n, b in zip(cluster.nodes, before, strict=True)]
+    assert all(m >= 1 for m in made), f"creates per node: {made}"
+
+
+def test_the_async_scenario_runs_through_the_gateway(cluster: Cluster) -> None:
+    async_sdk_scenario()
+
+
+def test_signed_urls_pause_and_resume_and_bindings_through_the_gateway(
+    cluster: Cluster,
+) -> None:
+    boxes = [Sandbox.create(timeout=300) for _ in range(2)]
+    try:
+        where = {cluster.binding(s.sandbox_id)["node"] for s in boxes}  # type: ignore[index]
+        assert where == {"n0", "n1"}
+        for s in boxes:
+            # A signed URL names no sandbox: the gateway asks the nodes whose it is.
+            up = httpx.post(s.upload_url("/tmp/up.txt"), files={"file": ("up.txt", s.sandbox_id)},
+                            timeout=60)  # fmt: skip
+            assert up.status_code == 200, up.text
+            down = httpx.get(s.download_url("/tmp/up.txt"), timeout=60)
+            assert down.status_code == 200 and down.text == s.sandbox_id
+            expired = s.download_url("/tmp/up.txt", use_signature_expiration=1)
+            time.sleep(1.1)
+            assert httpx.get(expired, timeout=60).status_code == 401
+        paused = boxes[1]
+        paused.commands.run("echo kept > /home/user/k")
+        assert paused.pause() is True
+        assert _settles(cluster, paused.sandbox_id)
+        back = Sandbox.connect(paused.sandbox_id)
+        assert back.commands.run("cat /home/user/k").stdout == "kept\n"
+        listed = {s.sandbox_id for s in Sandbox.list().next_items()}
+        assert {s.sandbox_id for s in boxes} <= listed
+    finally:
+        for s in boxes:
+            Sandbox.kill(s.sandbox_id)
+    deadline = time.monotonic() + 10
+    while any(cluster.binding(s.sandbox_id) for s in boxes):
+        assert time.monotonic() < deadline, "bindings outlived their sandboxes"
+        time.sleep(0.1)
+
+
+def _settles(cluster: Cluster, sandbox_id: str) -> bool:
+    """A paused sandbox's binding stops holding within the node's next round."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        b = cluster.binding(sandbox_id)
+        if b is not None and b["holds"] is False:
+            return True
+        time.sleep(0.1)
+    return False
