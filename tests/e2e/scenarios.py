@@ -7,9 +7,16 @@ Written fresh from the spec; only the public `e2b` API is used.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
+import re
+import shutil
+import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from e2b import (
@@ -208,3 +215,46 @@ def async_sdk_scenario() -> None:
             await AsyncSandbox.kill(sbx.sandbox_id)
 
     asyncio.run(scenario())
+
+
+JS_DIR = Path(__file__).parent / "js"
+STAMP = JS_DIR / "node_modules" / ".aenv-lock-sha256"
+
+
+def _npm_ci() -> None:
+    want = hashlib.sha256((JS_DIR / "package-lock.json").read_bytes()).hexdigest()
+    if STAMP.is_file() and STAMP.read_text().strip() == want:
+        return
+    r = subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=JS_DIR, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, f"npm ci failed:\n{r.stdout}\n{r.stderr}"
+    STAMP.write_text(want + "\n")
+
+
+def js_sdk_scenario(origin: str, api_key: str, tail: Callable[[], str]) -> None:
+    """tests/e2e/js/*.test.mjs under `node --test`, the npm SDK's env pointed at `origin`.
+    `npm ci` runs once per lock file (node_modules/ is kept, keyed by the lock's hash)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.fail("node and npm are needed (scripts/install-host-deps.sh installs nodejs)")
+    _npm_ci()
+    env = {
+        **os.environ,
+        "E2B_API_URL": origin,
+        "E2B_SANDBOX_URL": origin,
+        "E2B_API_KEY": api_key,
+        "NO_COLOR": "1",
+    }
+    env.pop("E2B_DOMAIN", None)
+    env.pop("E2B_DEBUG", None)
+    files = sorted(p.name for p in JS_DIR.glob("*.test.mjs"))
+    assert files, f"no *.test.mjs under {JS_DIR}"
+    r = subprocess.run(
+        ["node", "--test", "--test-reporter=tap", *files],
+        cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = f"{r.stdout}\n{r.stderr}"
+    assert r.returncode == 0, f"node --test failed:\n{out}\n{tail()}"
+    passed = re.search(r"^# pass (\d+)$", r.stdout, re.M)
+    assert passed and int(passed.group(1)) > 0 and "# fail 0" in r.stdout, out

@@ -27,7 +27,7 @@ from tests.support.etcd import EtcdCluster, etcd_cluster
 from tests.support.host import ServerProcess, free_port
 
 from .conftest import API_KEY, NodeProcess, running_node, sdk_pointed_at
-from .scenarios import async_sdk_scenario, sync_sdk_scenario
+from .scenarios import async_sdk_scenario, js_sdk_scenario, sync_sdk_scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -120,6 +120,10 @@ def test_the_sync_scenario_runs_through_the_gateway_on_both_nodes(cluster: Clust
 
 def test_the_async_scenario_runs_through_the_gateway(cluster: Cluster) -> None:
     async_sdk_scenario()
+
+
+def test_the_npm_sdk_runs_through_the_gateway(cluster: Cluster) -> None:
+    js_sdk_scenario(cluster.gateway.origin, API_KEY, cluster.gateway.tail)
 
 
 def test_signed_urls_pause_and_resume_and_bindings_through_the_gateway(

@@ -57,6 +57,7 @@ class NodeMembership:
                                          ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
         self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held)
         orchestrator.on_stopped.append(self._last_reconcile)
+        orchestrator.store.on_change.append(self.bindings.kick)
 
     def held(self) -> dict[str, Held]:
         return {r.sandbox_id: Held(r.memory_mib, r.template_id, r.state in HOLDS_CAPACITY)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -185,6 +185,13 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db: sqlite3.Connection | None = None
+        # Called after a record is added, changes state or goes (the cluster's bindings
+        # follow at once, not at their next round). Must be cheap and not raise.
+        self.on_change: list[Callable[[], None]] = []
+
+    def _changed(self) -> None:
+        for f in self.on_change:
+            f()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -242,6 +249,7 @@ class Store:
                 "INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?, ?, ?)",
                 [(rec.sandbox_id, k, v) for k, v in rec.metadata.items()],
             )
+        self._changed()
 
     def get(self, sandbox_id: str) -> SandboxRecord | None:
         row = self.db.execute(
@@ -266,7 +274,10 @@ class Store:
         for src in expected:
             if not is_legal(src, new):
                 raise ValueError(f"illegal transition {src} -> {new}")
-        return self._update(sandbox_id, expected, {"state": str(new), **fields}, now_us)
+        done = self._update(sandbox_id, expected, {"state": str(new), **fields}, now_us)
+        if done:
+            self._changed()
+        return done
 
     def update(
         self, sandbox_id: str, expected: Iterable[SandboxState], now_us: int, **fields: Any
@@ -314,11 +325,14 @@ class Store:
             f"DELETE FROM sandboxes WHERE sandbox_id = ? AND state IN ({marks})",
             (sandbox_id, *map(str, expected)),
         )
+        if cur.rowcount == 1:
+            self._changed()
         return cur.rowcount == 1
 
     def force_delete(self, sandbox_id: str) -> None:
         """Remove a record whatever its state: restart recovery and shutdown only."""
         self.db.execute("DELETE FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+        self._changed()
 
     def force_state(self, sandbox_id: str, state: SandboxState, now_us: int) -> None:
         """Set a state without CAS: restart recovery only (no other writer exists then)."""
@@ -326,6 +340,7 @@ class Store:
             "UPDATE sandboxes SET state = ?, updated_at_us = ? WHERE sandbox_id = ?",
             (str(state), now_us, sandbox_id),
         )
+        self._changed()
 
     def count(self, states: Iterable[SandboxState]) -> int:
         states = tuple(states)
