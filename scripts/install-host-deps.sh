@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages aenv needs on the host. Never a kernel package: the guest
-# kernel is built from linux-source into the data directory.
+# kernel is built from linux-source into the data directory. dnsmasq-base, not dnsmasq: the
+# binary for the tests' own resolvers, never a service on the host's port 53.
 set -euo pipefail
 pkgs=(qemu-system-x86 qemu-utils debootstrap nftables xfsprogs e2fsprogs protobuf-compiler
       busybox-static linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev
       cpio iproute2 util-linux tmux nodejs wrk stress-ng
-      skopeo umoci docker-registry etcd-server)
+      skopeo umoci docker-registry etcd-server haproxy dnsmasq-base)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

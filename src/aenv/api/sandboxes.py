@@ -140,6 +140,7 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         vcpus=body.cpuCount,
         memory_mib=body.memoryMB,
         sandbox_id=_placed_id(request),
+        existing_only=request.headers.get(wire.EXISTING_HEADER) == "1",
     )
     rec = await _orch(request).create(req)
     return _sandbox(request, rec)

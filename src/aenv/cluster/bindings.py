@@ -83,8 +83,11 @@ class NodeBindings:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.interval_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+            # that arrives as the event is set (a kick during shutdown), and stop() hangs.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._kick.wait()
             self._kick.clear()
             try:
                 while not await self.reconcile():

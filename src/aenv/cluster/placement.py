@@ -40,6 +40,11 @@ ATTEMPTS = 64  # transactions lost to other placers before giving up (then 503)
 BACKOFF_S = 0.005  # up to this, at random, after a lost transaction: the losers spread out
 
 
+class AlreadyBound(EtcdError):
+    """The sandbox id is bound already (ids are never reused; an idempotent retry finds
+    its first try's binding)."""
+
+
 class PlacementFailed(Exception):
     """No node can take the sandbox (all full or draining), or too much contention."""
 
@@ -155,7 +160,7 @@ def _guard(key: str, revision: int) -> dict[str, object]:
 async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: PlacementRequest,
                 policy: Placement | None = None) -> NodeRecord:
     """Choose a node for `req` and commit its binding and reservation, or PlacementFailed.
-    A sandbox id already bound is refused (EtcdError): ids are never reused."""
+    A sandbox id already bound is refused (AlreadyBound): ids are never reused."""
     policy = policy or PreferLocal()
     bkey = binding_key(prefix, req.sandbox_id)
     for _ in range(ATTEMPTS):
@@ -179,7 +184,7 @@ async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: Place
         if (kv := await etcd.get(bkey)) is not None:
             if kv.value == binding.model_dump_json().encode():
                 return chosen.record  # ours: applied by a try the client retried
-            raise EtcdError(f"sandbox {req.sandbox_id} is already bound")
+            raise AlreadyBound(f"sandbox {req.sandbox_id} is already bound")
         await asyncio.sleep(random.uniform(0, BACKOFF_S))
     raise PlacementFailed(f"placement lost {ATTEMPTS} transactions in a row to other placers")
 

@@ -9,6 +9,9 @@ import re
 
 SANDBOX_ID_HEADER = "x-aenv-sandbox-id"  # the id the gateway bound before forwarding
 TOKEN_HEADER = "x-aenv-cluster-token"
+# With the id: answer with the sandbox this id made, never make it (an idempotent retry of
+# a create that succeeded: the sandbox may have ended since).
+EXISTING_HEADER = "x-aenv-existing-only"
 # On a list answered to a gateway: each item's keyset cursor, comma-separated, so that the
 # gateway can merge the nodes' pages in one order and hand out a cursor that stays stable.
 CURSORS_HEADER = "x-aenv-cursors"

@@ -59,3 +59,4 @@ class CreateRequest:
     memory_mib: int | None = None
     # Chosen by a cluster gateway (which bound it to this node before asking); else new.
     sandbox_id: str | None = None
+    existing_only: bool = False  # with sandbox_id: the sandbox it made, or 409 if gone

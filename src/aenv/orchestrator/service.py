@@ -52,6 +52,8 @@ from aenv.orchestrator.routes import RouteTable
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 
+RETRIED_CREATE_WAIT_S = 300.0  # at most this for the create a retried one waits for
+
 log = logging.getLogger("aenv.orchestrator")
 S = SandboxState
 
@@ -297,9 +299,9 @@ class Orchestrator(Pausing, Forking):
         info = self.resolve_template(req.template)  # TemplateNotFound -> 404
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
+        if req.sandbox_id is not None and (req.existing_only or self.store.get(req.sandbox_id)):
+            return await self._made(req.sandbox_id)
         self._admit(shape.memory_mib, "create a sandbox")
-        if req.sandbox_id is not None and self.store.get(req.sandbox_id) is not None:
-            raise StateConflict(f"sandbox {req.sandbox_id} already exists")
         rec = self._new_record(req, info, shape, egress)
         sid = rec.sandbox_id
         self.store.insert(rec)
@@ -320,6 +322,19 @@ class Orchestrator(Pausing, Forking):
                   vcpus=shape.vcpus, memory_mib=shape.memory_mib, slot=handle.slot_addr,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return self.get(sid)
+
+    async def _made(self, sandbox_id: str) -> SandboxRecord:
+        """A gateway's create, retried under the id it placed (its idempotency key, or a
+        gateway that died mid-request): the sandbox that create made, once its boot ends;
+        409 if it has ended (or its boot failed)."""
+        deadline = time.monotonic() + RETRIED_CREATE_WAIT_S
+        while (rec := self.store.get(sandbox_id)) is not None and rec.state is S.CREATING:
+            if time.monotonic() > deadline:
+                raise StateConflict(f"sandbox {sandbox_id} is still being created")
+            await asyncio.sleep(0.05)
+        if rec is None or rec.state not in PUBLIC_STATE:
+            raise StateConflict(f"the sandbox this create made ({sandbox_id}) no longer exists")
+        return rec
 
     def _new_record(self, req: CreateRequest, info: TemplateInfo, shape: MachineShape,
                     egress: EgressPolicy) -> SandboxRecord:

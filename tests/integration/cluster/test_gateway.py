@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from aenv.api.app import Node
 from aenv.api.proxy import file_signature
 from aenv.cluster.etcd import Etcd
 from aenv.cluster.gateway.app import Gateway
-from aenv.cluster.placement import binding, reservations
+from aenv.cluster.placement import PlacementRequest, binding, place, reservations
 from aenv.config import Config
 from aenv.orchestrator.fake import FakeRuntime
 from tests.support.asgi import serve
@@ -283,3 +284,56 @@ async def test_an_unbound_sandbox_is_found_by_asking_and_a_lost_nodes_is_gone(
         r = await api.get("/x", headers={"E2b-Sandbox-Id": sid})
         assert r.status_code == 502 and "was not found" in r.json()["message"]
         await node.orchestrator.kill(sid)
+
+
+async def test_an_idempotency_key_makes_one_sandbox_however_often_and_wherever_it_is_tried(
+    tmp_path: Path, one: EtcdCluster
+) -> None:
+    async with cluster(tmp_path, one) as c, c.api() as api:
+        body = {"templateID": "base", "timeout": 300, "metadata": {"try": "k1"}}
+        key = {"Idempotency-Key": "k-one"}
+        first = await api.post("/sandboxes", json=body, headers=key)
+        assert first.status_code == 201, first.text
+        again = await api.post("/sandboxes", json=body, headers=key)
+        assert again.status_code == 201 and again.json()["sandboxID"] == first.json()["sandboxID"]
+        assert again.json()["envdAccessToken"] == first.json()["envdAccessToken"]
+        # At once, from many tries: still one.
+        body2 = {**body, "metadata": {"try": "k2"}}
+        rs = await asyncio.gather(*(api.post("/sandboxes", json=body2,
+                                             headers={"Idempotency-Key": "k-two"})
+                                    for _ in range(6)))  # fmt: skip
+        assert all(r.status_code == 201 for r in rs), [r.text for r in rs]
+        assert len({r.json()["sandboxID"] for r in rs}) == 1
+        r = await api.post("/sandboxes", json={**body, "timeout": 5}, headers=key)
+        assert r.status_code == 409 and "different request" in r.json()["message"]
+        # A try that died after claiming and placing (a gateway killed mid-request): the
+        # next try creates the sandbox that claim named, on the node it was placed on.
+        assert c.gateway.idem is not None and c.gateway.members is not None
+        gone_key = c.gateway.idem.key(KEY, "k-three")
+        body3 = {**body, "metadata": {"try": "k3"}}
+        raw = json.dumps(body3).encode()
+        claim, mine = await c.gateway.idem.claim(gone_key, raw)
+        assert mine
+        placed = await place(c.etcd, c.prefix, list(c.gateway.members.nodes.values()),
+                             PlacementRequest(claim.sandbox_id, 512, "base"))
+        r = await api.post("/sandboxes", content=raw, headers={"Idempotency-Key": "k-three",
+                                                               "Content-Type": "application/json"})
+        assert r.status_code == 201 and r.json()["sandboxID"] == claim.sandbox_id, r.text
+        assert c.holder(claim.sandbox_id) == int(placed.name[1:])
+        # A create the node refused lets the key go: the next try is a new attempt.
+        r = await api.post("/sandboxes", json={**body, "timeout": 10**9},
+                           headers={"Idempotency-Key": "k-four"})
+        assert r.status_code == 400, r.text
+        r = await api.post("/sandboxes", json=body, headers={"Idempotency-Key": "k-four"})
+        assert r.status_code == 201, r.text
+        listed = (await api.get("/sandboxes")).json()
+        assert len(listed) == 4, listed  # k-one, k-two, k-three, k-four: one each
+        for s in listed:
+            await api.delete(f"/sandboxes/{s['sandboxID']}")
+        r = await api.post("/sandboxes", json=body, headers=key)
+        assert r.status_code == 409 and "no longer exists" in r.json()["message"], r.text
+        for _ in range(100):  # the nodes' next rounds, kicked by the kills
+            if sum(x.sandboxes for x in (await reservations(c.etcd, c.prefix)).values()) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert sum(x.sandboxes for x in (await reservations(c.etcd, c.prefix)).values()) == 0

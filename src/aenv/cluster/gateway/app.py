@@ -24,6 +24,8 @@ named the sandbox.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -52,6 +54,8 @@ from aenv.api.upstream import UpstreamPool
 from aenv.cluster import placement, wire
 from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.gateway import lists, routing
+from aenv.cluster.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
+from aenv.cluster.gateway.idempotency import Claim, Idempotency, KeyReused
 from aenv.cluster.gateway.nodes import (
     CREATE_TIMEOUT_S,
     Answer,
@@ -61,7 +65,13 @@ from aenv.cluster.gateway.nodes import (
     call_all,
 )
 from aenv.cluster.membership import Members, NodeRecord
-from aenv.cluster.placement import Binding, PlacementFailed, PlacementRequest, PreferLocal
+from aenv.cluster.placement import (
+    AlreadyBound,
+    Binding,
+    PlacementFailed,
+    PlacementRequest,
+    PreferLocal,
+)
 from aenv.cluster.view import PrefixView
 from aenv.config import Config
 from aenv.obs import GATEWAY_REQUESTS
@@ -103,6 +113,7 @@ class Gateway:
         self.etcd: Etcd | None = None
         self.members: Members | None = None
         self.bindings: PrefixView[Binding] | None = None
+        self.idem: Idempotency | None = None
         self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
         install_abort_filter()
 
@@ -119,6 +130,7 @@ class Gateway:
         self.api_key = self.config.api_key or _read_key(self.config)
         self.etcd = Etcd(cfg.etcd_endpoints)
         self.members = Members(self.etcd, self.prefix)
+        self.idem = Idempotency(self.etcd, self.prefix)
         self.bindings = PrefixView(self.etcd, f"{self.prefix}bindings/", _parse_binding)
         try:
             await self.members.start()
@@ -314,28 +326,85 @@ class Gateway:
         if req is None:  # not a create any node would make: its answer (400, 404) is ours
             return await self._answer(send, await call(self.pool, nodes[0], "POST", target,
                                                        headers, body))  # fmt: skip
-        holders = [n for n in nodes if n.holds(req.template)]
-        assert self.etcd is not None
-        try:
-            node = await placement.place(self.etcd, self.prefix, holders or nodes, req,
-                                         self.policy)  # fmt: skip
-        except PlacementFailed as e:
-            await send_json(send, 429, {"code": 429, "message": str(e)},
-                            [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
-            return "full"
+        claim: tuple[str, Claim] | None = None
+        given = next((v for k, v in scope["headers"] if k == IDEMPOTENCY_HEADER), None)
+        if given is not None:
+            assert self.idem is not None
+            key = self.idem.key(self.api_key, given.decode("latin-1"))
+            try:
+                c, _ = await self.idem.claim(key, body)
+            except KeyReused as e:
+                await send_json(send, 409, {"code": 409, "message": str(e)})
+                return "key_reused"
+            claim = (key, c)
+            req = dataclasses.replace(req, sandbox_id=c.sandbox_id)
+        node = await self._place(send, req, nodes, claim)
+        if node is None:
+            return "not_placed"
         headers.append((wire.SANDBOX_ID_HEADER.encode(), req.sandbox_id.encode()))
+        if claim is not None and claim[1].done:
+            headers.append((wire.EXISTING_HEADER.encode(), b"1"))
         try:
             answer = await call(self.pool, node, "POST", target, headers, body,
                                 timeout_s=CREATE_TIMEOUT_S)  # fmt: skip
         except NodeUnreachable as e:
             if not e.connected:  # it never got there: nothing to wait for
-                await _release(self.etcd, self.prefix, req.sandbox_id)
-            # Else it may have been made: the node binds it, or drops the pending binding.
+                await self._give_back(req.sandbox_id, claim)
+            # Else it may have been made: the node binds it, or drops the pending binding;
+            # a retry with the key gets the sandbox the id made.
             await send_json(send, 502, {"code": 502, "message": str(e)})
             return "node_unreachable"
-        if answer.status >= 300:
-            await _release(self.etcd, self.prefix, req.sandbox_id)
+        if answer.status >= 300 and not (claim is not None and claim[1].done):
+            await self._give_back(req.sandbox_id, claim)
+        elif claim is not None:
+            assert self.idem is not None
+            with contextlib.suppress(EtcdError):
+                await self.idem.done(*claim)
         return await self._answer(send, answer)
+
+    async def _place(self, send: Any, req: PlacementRequest, nodes: list[NodeRecord],
+                     claim: tuple[str, Claim] | None) -> NodeRecord | None:  # fmt: skip
+        """The node `req` goes to: placed now, or (a retry with an idempotency key) where
+        an earlier try placed it. None once an error is sent."""
+        assert self.etcd is not None and self.members is not None
+        holders = [n for n in nodes if n.holds(req.template)]
+        for _ in range(2):
+            if claim is not None:
+                b = await placement.binding(self.etcd, self.prefix, req.sandbox_id)
+                if b is not None:
+                    node = self.members.nodes.get(b.node)
+                    if node is None:
+                        assert self.idem is not None
+                        await self.idem.let_go(*claim)
+                        await send_json(send, 502, {"code": 502, "message": (
+                            f"the node of this create ({b.node}) is lost; retry to create "
+                            "anew")})  # fmt: skip
+                    return node
+                if claim[1].done:
+                    await send_json(send, 409, {"code": 409, "message": (
+                        f"the sandbox this create made ({req.sandbox_id}) no longer "
+                        "exists")})  # fmt: skip
+                    return None
+            try:
+                return await placement.place(self.etcd, self.prefix, holders or nodes, req,
+                                             self.policy)  # fmt: skip
+            except PlacementFailed as e:
+                await send_json(send, 429, {"code": 429, "message": str(e)},
+                                [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
+                return None
+            except AlreadyBound:  # another try of the same key placed it meanwhile
+                if claim is None:
+                    raise
+        raise EtcdError(f"sandbox {req.sandbox_id}: placed and unplaced at once")
+
+    async def _give_back(self, sandbox_id: str, claim: tuple[str, Claim] | None) -> None:
+        """A create that failed: its reservation, and its idempotency key (a retry is then a
+        new attempt)."""
+        assert self.etcd is not None
+        await _release(self.etcd, self.prefix, sandbox_id)
+        if claim is not None and self.idem is not None:
+            with contextlib.suppress(EtcdError):
+                await self.idem.let_go(*claim)
 
     def _key_ok(self, scope: dict[str, Any]) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
