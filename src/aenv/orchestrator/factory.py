@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from aenv.config import Config
 from aenv.machines.api import Runtime
 
@@ -14,7 +16,8 @@ def make_runtime(config: Config) -> Runtime:
     if config.runtime == "fake":
         from aenv.orchestrator.fake import FakeRuntime
 
-        return FakeRuntime()
+        # AENV_FAKE_BOOT_S: how long a fake create takes (tests of requests in flight).
+        return FakeRuntime(boot_delay_s=float(os.environ.get("AENV_FAKE_BOOT_S", "0")))
     try:
         from aenv.machines.runtime import Runtime as QemuRuntime
     except ImportError as e:
