@@ -1,38 +1,41 @@
-"""`aenv cluster status`: the nodes registered in etcd, their load and health, read from
-etcd itself (the config's `cluster.etcd_endpoints`, or `--etcd`)."""
+"""`aenv cluster status`: the nodes registered in etcd, their load and health; `aenv node
+drain|undrain NAME`. All read and write etcd itself (the config's `cluster.etcd_endpoints`,
+or `--etcd`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from aenv.cli import output
 from aenv.cli.errors import AenvTyper, CliError
 
+if TYPE_CHECKING:
+    from aenv.cluster.etcd import Etcd
+    from aenv.config import Config
+
 app = AenvTyper(help="The cluster this node belongs to (docs/cluster.md).", no_args_is_help=True)
+node_app = AenvTyper(help="One node of the cluster (docs/cluster.md).", no_args_is_help=True)
+T = TypeVar("T")
+
+EtcdOpt = Annotated[str | None, typer.Option(
+    "--etcd", help="etcd endpoints, comma-separated [default: the config's, or "
+    "AENV_ETCD_ENDPOINTS]", show_default=False)]  # fmt: skip
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", help="TOML file (default: $AENV_CONFIG, /etc/aenv/config.toml)",
+    show_default=False)]  # fmt: skip
 
 
-@app.command()
-def status(
-    etcd: Annotated[str | None, typer.Option(
-        "--etcd", help="etcd endpoints, comma-separated [default: the config's, or "
-        "AENV_ETCD_ENDPOINTS]", show_default=False)] = None,
-    as_json: Annotated[bool | None, typer.Option(
-        "--json/--no-json", help="JSON (default when stdout is not a terminal).",
-        show_default=False)] = None,
-    config: Annotated[Path | None, typer.Option(
-        "--config", help="TOML file (default: $AENV_CONFIG, /etc/aenv/config.toml)",
-        show_default=False)] = None,
-) -> None:
-    """Nodes, load and health, as the cluster's etcd has them."""
+def _with_etcd(etcd: str | None, config: Path | None,
+               fn: Callable[[Etcd, Config], Awaitable[T]]) -> T:  # fmt: skip
+    """Run `fn` with a client of the cluster's etcd; one line and exit 1 if unreachable."""
     from aenv import config as aenv_config
     from aenv.cluster.etcd import Etcd, EtcdError
-    from aenv.cluster.membership import Members, NodeRecord
-    from aenv.cluster.placement import Reservation, reservations
 
     cfg = aenv_config.load(config)
     endpoints = [e.strip() for e in etcd.split(",") if e.strip()] if etcd else \
@@ -40,20 +43,38 @@ def status(
     if not endpoints:
         raise CliError("no etcd endpoints: pass --etcd or set cluster.etcd_endpoints")
 
-    async def read() -> tuple[list[NodeRecord], dict[str, Reservation]]:
+    async def run() -> T:
         client = Etcd(endpoints)
         try:
-            members = Members(client, cfg.cluster.prefix)
-            await members.load()
-            return (sorted(members.nodes.values(), key=lambda n: n.name),
-                    await reservations(client, cfg.cluster.prefix))  # fmt: skip
+            return await fn(client, cfg)
         finally:
             await client.aclose()
 
     try:
-        nodes, reserved = asyncio.run(read())
+        return asyncio.run(run())
     except EtcdError as e:
         raise CliError(str(e)) from None
+
+
+@app.command()
+def status(
+    etcd: EtcdOpt = None,
+    as_json: Annotated[bool | None, typer.Option(
+        "--json/--no-json", help="JSON (default when stdout is not a terminal).",
+        show_default=False)] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Nodes, load and health, as the cluster's etcd has them."""
+    from aenv.cluster.membership import Members, NodeRecord
+    from aenv.cluster.placement import Reservation, reservations
+
+    async def read(client: Etcd, cfg: Config) -> tuple[list[NodeRecord], dict[str, Reservation]]:
+        members = Members(client, cfg.cluster.prefix)
+        await members.load()
+        return (sorted(members.nodes.values(), key=lambda n: n.name),
+                await reservations(client, cfg.cluster.prefix))  # fmt: skip
+
+    nodes, reserved = _with_etcd(etcd, config, read)
     if output.want_json(as_json):
         output.print_json([{**n.model_dump(), "reserved": reserved.get(
             n.name, Reservation()).model_dump()} for n in nodes])
@@ -71,3 +92,46 @@ def status(
                         "TEMPLATES", "SNAPSHOTS", "ACCEL", "VERSION", "UPDATED"], rows)  # fmt: skip
     if not nodes:
         output.print_lines(["no nodes registered"])
+
+
+@node_app.command()
+def drain(
+    name: Annotated[str, typer.Argument(help="the node's name (aenv cluster status)")],
+    pause: Annotated[bool, typer.Option(
+        "--pause", help="pause its running sandboxes too, rather than let them finish")] = False,
+    etcd: EtcdOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Stop placements and creates on a node; its sandboxes finish (or, --pause, pause)."""
+    from aenv.cluster.membership import Members
+    from aenv.cluster.node import Drain, drain_key
+
+    async def write(client: Etcd, cfg: Config) -> bool:
+        members = Members(client, cfg.cluster.prefix)
+        await members.load()
+        if name not in members.nodes:
+            return False
+        await client.put(drain_key(cfg.cluster.prefix, name),
+                         Drain(pause=pause, at=time.time()).model_dump_json())
+        return True
+
+    if not _with_etcd(etcd, config, write):
+        raise CliError(f"no node {name!r} is registered (aenv cluster status lists them)")
+    output.print_lines([f"node {name} draining" + (", its sandboxes pausing" if pause else "")])
+
+
+@node_app.command()
+def undrain(
+    name: Annotated[str, typer.Argument(help="the node's name")],
+    etcd: EtcdOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Take placements and creates on a drained node again."""
+    from aenv.cluster.node import drain_key
+
+    async def delete(client: Etcd, cfg: Config) -> int:
+        return await client.delete(drain_key(cfg.cluster.prefix, name))
+
+    if not _with_etcd(etcd, config, delete):
+        raise CliError(f"node {name!r} is not draining")
+    output.print_lines([f"node {name} takes sandboxes again"])

@@ -75,6 +75,7 @@ app.command("auth")(auth)
 app.command("completion")(completion.completion)
 app.command("census")(census.census)
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(cluster.node_app, name="node")
 
 
 # --- the node -------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ race test caught that.)
   one stays bound without holding. A record that is gone has its binding deleted.
 - A binding a gateway placed on this node (`pending`) and that the node has no record of is
   a create on its way: it is kept, holding, for `pending_grace_s`, then dropped.
-- A binding of one of its sandboxes that names another node is left alone and logged: ids
-  are unique, so that is a fault to look at, not to overwrite.
+- A binding of one of its sandboxes that names another node is left alone. If the sandbox
+  is paused here, another node took it over while this one was cut off (fenced): its copy
+  here is freed (`free`). If it runs here, that is a fault to look at, and it is logged.
 
 Pauses and resumes do not wait on etcd: the node admits them itself (its own limits are
 the hard ones) and the reservation follows within a round.
@@ -27,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +58,13 @@ class Held:
 class NodeBindings:
     def __init__(self, etcd: Etcd, prefix: str, node: str,
                  records: Callable[[], dict[str, Held]], *, interval_s: float = 1.0,
-                 pending_grace_s: float = 120.0) -> None:
+                 pending_grace_s: float = 120.0,
+                 free: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.etcd, self.prefix, self.node = etcd, prefix, node
         self._records = records
+        # Called for a sandbox of this node, not holding capacity (paused), that is bound
+        # to another node: taken over while this node was cut off. Its copy here goes.
+        self._free = free
         self.interval_s = interval_s
         self.pending_grace_s = pending_grace_s
         self._kick = asyncio.Event()
@@ -120,8 +125,13 @@ class NodeBindings:
                 mine[sid] = (b, kv.mod_revision)
             elif sid in records:
                 elsewhere.add(sid)
-                log.error("sandbox %s is bound to node %s, but this node (%s) holds it",
-                          sid, b.node, self.node)  # fmt: skip
+                if self._free is not None and not records[sid].holds:
+                    log.warning("sandbox %s was taken over by node %s: freeing it here",
+                                sid, b.node)  # fmt: skip
+                    await self._free(sid)
+                else:
+                    log.error("sandbox %s is bound to node %s, but this node (%s) holds it",
+                              sid, b.node, self.node)  # fmt: skip
         compare: list[dict[str, Any]] = []
         ops: list[dict[str, Any]] = []
         final: dict[str, Binding] = {}

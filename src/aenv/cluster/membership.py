@@ -105,8 +105,9 @@ class Registration:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="aenv-membership")
 
     async def _register(self) -> None:
+        asked = time.monotonic()  # the lease runs from no earlier than this
         self.lease = await self.etcd.grant(self.ttl_s)
-        self.renewed_at = time.monotonic()
+        self.renewed_at = asked
         self._published = None
         await self.publish()
         log.info("registered %s in etcd (lease %x, ttl %d s)", self.key, self.lease, self.ttl_s)
@@ -129,11 +130,13 @@ class Registration:
             await asyncio.sleep(min(self.publish_every_s, max(next_renew - time.monotonic(), 0)))
             try:
                 if time.monotonic() >= next_renew:
+                    asked = time.monotonic()
                     if await self.etcd.keepalive(self.lease) <= 0:
                         log.warning("lease of %s expired: registering again", self.key)
                         await self._register()
-                    self.renewed_at = time.monotonic()
-                    next_renew = self.renewed_at + renew_every
+                    else:
+                        self.renewed_at = asked
+                    next_renew = time.monotonic() + renew_every
                 await self.publish()
             except EtcdUnavailable as e:
                 log.warning("etcd unreachable (%s); lease held for %.1f s more", e,

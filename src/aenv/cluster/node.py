@@ -13,6 +13,8 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ValidationError
+
 import aenv
 from aenv.cluster.bindings import Held, NodeBindings
 from aenv.cluster.etcd import Etcd, EtcdError
@@ -21,8 +23,23 @@ from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.tools import tools_key
+from aenv.tasks import cancel
 
 CLOSE_RECONCILE_S = 5.0
+GUARD_EVERY_S = 0.2
+FENCE_AT = 0.5  # of the lease's TTL without a renewal: fence, with half the TTL to pause
+DRAIN_READ_EVERY_S = 1.0
+
+
+class Drain(BaseModel):
+    """`<prefix>drain/<node>`: written by `aenv node drain`, deleted by `undrain`."""
+
+    pause: bool = False  # pause its running sandboxes, rather than let them finish
+    at: float = 0.0
+
+
+def drain_key(prefix: str, node: str) -> str:
+    return f"{prefix}drain/{node}"
 
 if TYPE_CHECKING:
     from aenv.config import Config
@@ -55,7 +72,9 @@ class NodeMembership:
         self.etcd = Etcd(cfg.cluster.etcd_endpoints)
         self.registration = Registration(self.etcd, cfg.cluster.prefix, self.record,
                                          ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
-        self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held)
+        self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held,
+                                     free=self._free)  # fmt: skip
+        self._guard: asyncio.Task[None] | None = None
         orchestrator.on_stopped.append(self._last_reconcile)
         orchestrator.store.on_change.append(self.bindings.kick)
 
@@ -97,9 +116,63 @@ class NodeMembership:
     async def start(self) -> None:
         await self.registration.start()
         await self.bindings.start()
+        self._guard = asyncio.get_running_loop().create_task(self._guarding(),
+                                                             name="aenv-fence")  # fmt: skip
+
+    async def _guarding(self) -> None:
+        """Fencing, checked every GUARD_EVERY_S without a call to etcd (one that hangs
+        must not delay it): the lease was last renewed more than FENCE_AT of its TTL ago
+        (etcd out of reach), so the node stops serving sandbox traffic and pauses every
+        sandbox while it still holds the lease; none runs here once the cluster may count
+        this node lost and resume a sandbox elsewhere. Renewed again (or registered anew):
+        its bindings are reconciled (what another node took over is freed here), then it
+        serves again."""
+        ttl = self.cfg.cluster.lease_ttl_s
+        drain = asyncio.get_running_loop().create_task(self._draining(), name="aenv-drain")
+        try:
+            while True:
+                await asyncio.sleep(GUARD_EVERY_S)
+                held = time.monotonic() - self.registration.renewed_at
+                if not self.orch.fenced and held > ttl * FENCE_AT:
+                    await self.orch.fence()
+                elif self.orch.fenced and held < ttl * FENCE_AT:
+                    with contextlib.suppress(EtcdError):
+                        while not await self.bindings.reconcile():
+                            await asyncio.sleep(0.01)
+                        self.orch.unfence()
+        finally:
+            await cancel(drain)
+
+    async def _draining(self) -> None:
+        """Drain (`aenv node drain`), read every DRAIN_READ_EVERY_S: `<prefix>drain/<node>`
+        present: no new sandboxes here (and none placed), and with `pause` its running
+        sandboxes are paused."""
+        while True:
+            await asyncio.sleep(DRAIN_READ_EVERY_S)
+            if not self.orch.fenced:
+                with contextlib.suppress(EtcdError):
+                    await self._drain_step()
+
+    async def _drain_step(self) -> None:
+        kv = await self.etcd.get(drain_key(self.cfg.cluster.prefix, node_name(self.cfg)))
+        order = None
+        if kv is not None:
+            try:
+                order = Drain.model_validate_json(kv.value)
+            except ValidationError:
+                order = Drain()
+        self.orch.set_draining(order is not None)
+        if order is not None and order.pause:
+            await self.orch.pause_all("drain")
+
+    async def _free(self, sandbox_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.orch.kill(sandbox_id)
 
     async def leave(self) -> None:
-        """Shutdown begins: the record goes, so no gateway places here any more."""
+        """Shutdown begins: the record goes, so no gateway places here any more (and the
+        lease no longer renewed is no reason to fence)."""
+        await cancel(self._guard)
         await self.registration.stop()
 
     async def _last_reconcile(self) -> None:
@@ -112,6 +185,7 @@ class NodeMembership:
     async def close(self) -> None:
         """After the orchestrator closed: etcd is let go."""
         try:
+            await cancel(self._guard)
             await self.bindings.stop()
         finally:
             await self.registration.stop()

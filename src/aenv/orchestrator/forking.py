@@ -43,7 +43,7 @@ class Forking:
         names = snaps.check_name(name)
         async with self._locks.hold(sandbox_id):
             rec = self._running_for(sandbox_id, "a snapshot")
-            self._admit(0, "take a snapshot", vms=0, boot=False)
+            self._admit(0, "take a snapshot", vms=0, boot=False, new=False)
             if not self.store.transition(sandbox_id, [S.RUNNING], S.SNAPSHOTTING, self.now_us()):
                 raise StateConflict(f"sandbox {sandbox_id} changed state", actual=str(rec.state))
             snap_id = snaps.new_snapshot_id()
@@ -144,8 +144,7 @@ class Forking:
             paused = src.state is S.PAUSED
             if not paused:
                 src = self._running_for(sandbox_id, "a fork")
-            if not self._accepting:
-                raise ShuttingDown("the node is shutting down")
+            self._refuse(new=True)
             room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
             n = min(count, room)
             self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
@@ -195,8 +194,7 @@ class Forking:
         self._check_timeout(timeout_s)
         snap = self.find_snapshot(snapshot)  # TemplateNotFound -> 404
         info = self.resolve_template(snap.snapshot_id)
-        if not self._accepting:
-            raise ShuttingDown("the node is shutting down")
+        self._refuse(new=True)
         n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
         self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")
         req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s)

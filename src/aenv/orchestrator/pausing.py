@@ -104,7 +104,7 @@ class Pausing:
         filesystem-only pause): a reboot is a cold boot, admitted as one."""
         sid = rec.sandbox_id
         reboot = not memory or rec.pause_mode == "filesystem"
-        self._admit(rec.memory_mib, "resume a sandbox", boot=reboot)
+        self._admit(rec.memory_mib, "resume a sandbox", boot=reboot, new=False)
         if not self.store.transition(sid, [S.PAUSED], S.RESUMING, self.now_us()):
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
         t0 = time.perf_counter()
@@ -157,7 +157,7 @@ class Pausing:
         asked for it, and give its new route (None: answer 502 as for any paused sandbox)."""
         rec = self.store.get(sandbox_id)
         if rec is None or not rec.auto_resume or rec.state not in (
-                S.PAUSED, S.PAUSING, S.RESUMING) or not self._accepting:
+                S.PAUSED, S.PAUSING, S.RESUMING) or not self._accepting or self._fenced:
             return None
         if rec.pause_mode == "filesystem":
             return None  # a reboot is no transparent wake-up: resumed only by connect

@@ -79,6 +79,10 @@ class Orchestrator(Pausing, Forking):
         self._joiner = Joiner()
         self._booting = 0
         self._accepting = False
+        # Held off for a while, not shutting down: fenced (cut off from the cluster: nothing
+        # starts a VM) or draining (no new sandboxes; those it has go on).
+        self._fenced = False
+        self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._expiring: set[str] = set()
         # Removals of sandboxes whose VMM exited on its own (background.reap_dead_vmm).
@@ -118,8 +122,48 @@ class Orchestrator(Pausing, Forking):
 
     @property
     def accepting(self) -> bool:
-        """False once shutdown began: no new sandboxes are taken."""
-        return self._accepting
+        """False once shutdown began, or while fenced or draining: no new sandboxes."""
+        return self._accepting and not self._fenced and not self._draining
+
+    @property
+    def fenced(self) -> bool:
+        return self._fenced
+
+    def _refuse(self, *, new: bool) -> None:
+        """ShuttingDown (503) if the node takes no VM start now; `new`: a new sandbox (a
+        create or fork), which draining refuses too, rather than a resume."""
+        if not self._accepting:
+            raise ShuttingDown("the node is shutting down")
+        if self._fenced:
+            raise ShuttingDown("the node is cut off from its cluster (fenced)")
+        if new and self._draining:
+            raise ShuttingDown("the node is draining")
+
+    async def fence(self) -> None:
+        """Cut off from the cluster (its lease may end): start nothing, end the sandbox
+        traffic and pause every running sandbox, so none runs here once another node may
+        take it over. Reversed by unfence()."""
+        if self._fenced or not self._accepting:
+            return
+        self._fenced = True
+        log_event(log, "node.fenced", level=logging.WARNING)
+        for route in self.routes:
+            for st in list(route.streams):
+                st.abort("node fenced")
+        await self._pause_all("fence")
+
+    def unfence(self) -> None:
+        if self._fenced:
+            self._fenced = False
+            log_event(log, "node.unfenced")
+
+    def set_draining(self, draining: bool) -> None:
+        if draining != self._draining:
+            self._draining = draining
+            log_event(log, "node.draining" if draining else "node.undrained")
+
+    async def pause_all(self, reason: str) -> None:
+        await self._pause_all(reason)
 
     def begin_shutdown(self) -> None:
         """Stop accepting creates and end open data-plane streams (SIGTERM, first step)."""
@@ -230,12 +274,12 @@ class Orchestrator(Pausing, Forking):
             name = {"vcpus": "cpuCount", "memory_mib": "memoryMB"}.get(str(err["loc"][0]), "")
             raise InvalidRequest(f"invalid {name}: {err['msg']}") from None
 
-    def _admit(self, new_mib: int, op: str, *, vms: int = 1, boot: bool = True) -> None:
+    def _admit(self, new_mib: int, op: str, *, vms: int = 1, boot: bool = True,
+               new: bool = True) -> None:
         """Refuse an operation before it touches anything: shutting down (503), over
         max_sandboxes or max_concurrent_boots (429), short of space (507). Callers insert or
         CAS their record with no await after this, so the counts stay exact."""
-        if not self._accepting:
-            raise ShuttingDown("the node is shutting down")
+        self._refuse(new=new)
         if vms and self.store.count(HOLDS_CAPACITY) + vms > self.config.max_sandboxes:
             REJECTED_TOTAL.labels("max_sandboxes").inc()
             raise CapacityExhausted(

@@ -75,7 +75,7 @@ def ha(tmp: Path, etcd: EtcdCluster, **node_env: str) -> Iterator[HA]:
             print(f"--- {p.log.name}\n{p.tail(30)}")
 
 
-def test_a_create_storm_through_two_gateways_never_overfills_a_node(
+async def test_a_create_storm_through_two_gateways_never_overfills_a_node(
     tmp_path: Path, one: EtcdCluster
 ) -> None:
     with ha(tmp_path, one) as c:
@@ -86,7 +86,7 @@ def test_a_create_storm_through_two_gateways_never_overfills_a_node(
                     api.post("/sandboxes", json={"templateID": "base", "timeout": 300})
                     for _ in range(40)))  # fmt: skip
 
-        rs = asyncio.run(storm())
+        rs = await storm()  # (asyncio.run here would leave later async tests no loop)
         codes = sorted(r.status_code for r in rs)
         assert codes.count(201) == 3 * LIMIT and codes.count(429) == 40 - 3 * LIMIT, codes
         assert all(len(c.on_node(n)) == LIMIT for n in c.nodes)
