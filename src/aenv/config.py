@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from aenv import faults
 
@@ -68,6 +68,10 @@ class Config(BaseModel):
     port: int = 8000
     api_key: str | None = None
     domain: str | None = None
+    # HTTPS on `port` (a node or a gateway): a certificate for `api.<domain>` and
+    # `*.<domain>` (PEM, with its chain) and its key. Then clients need only E2B_DOMAIN.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
 
     accel: Literal["auto", "kvm", "tcg"] = "auto"
     qemu_binary: str = "qemu-system-x86_64"
@@ -172,7 +176,13 @@ class Config(BaseModel):
         faults.parse(v)  # an unknown point or action fails at start-up, not never
         return v
 
-    @field_validator("data_dir", "kernel_path", mode="after")
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Config:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+    @field_validator("data_dir", "kernel_path", "tls_cert_file", "tls_key_file", mode="after")
     @classmethod
     def _absolute(cls, v: Path | None) -> Path | None:
         return v.expanduser().absolute() if v is not None else None
@@ -214,6 +224,8 @@ _SIMPLE_ENV = {
     "PORT": "port",
     "API_KEY": "api_key",
     "DOMAIN": "domain",
+    "TLS_CERT_FILE": "tls_cert_file",
+    "TLS_KEY_FILE": "tls_key_file",
     "ACCEL": "accel",
     "QEMU_BINARY": "qemu_binary",
     "KERNEL_PATH": "kernel_path",

@@ -11,11 +11,10 @@ import contextlib
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,8 +22,10 @@ import pytest
 from e2b import Sandbox
 
 from tests.support import census
+from tests.support.client_ns import client_namespace
+from tests.support.cluster import Child, gateway, gateway_ready
 from tests.support.etcd import EtcdCluster, etcd_cluster
-from tests.support.host import ServerProcess, free_port
+from tests.support.tls import make_certs
 
 from .conftest import API_KEY, NodeProcess, running_node, sdk_pointed_at
 from .scenarios import async_sdk_scenario, js_sdk_scenario, sync_sdk_scenario
@@ -32,37 +33,10 @@ from .scenarios import async_sdk_scenario, js_sdk_scenario, sync_sdk_scenario
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 TOKEN = "e2e-cluster-token"
+DOMAIN = "aenv-e2e.test"
+REPO = Path(__file__).resolve().parents[2]
 # Two nodes at once on one host: disjoint host-side slot ranges (4096 slots each).
 SLOT_NETWORKS = ("198.19.0.0/18", "198.19.64.0/18")
-
-
-@dataclass
-class GatewayProcess(ServerProcess):
-    port: int
-    log: Path
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, nodes: int) -> None:
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "aenv.cli.main", "gateway", "--port", str(self.port)],
-            env={**os.environ, **self.env}, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"aenv gateway exited with {self.proc.returncode}:\n{self.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                r = httpx.get(self.origin + "/health", timeout=1)
-                if r.status_code == 200 and r.json()["nodes"] == nodes:
-                    return
-            time.sleep(0.1)
-        self.kill9()
-        pytest.fail(f"the gateway did not see {nodes} nodes in 60 s:\n{self.tail()}")
 
 
 @dataclass
@@ -70,8 +44,8 @@ class Cluster:
     etcd: EtcdCluster
     prefix: str
     nodes: list[NodeProcess]
-    gateway: GatewayProcess
-    names: list[str] = field(default_factory=list)
+    gateway: Child
+    env: dict[str, str]  # what nodes and gateways of this cluster are given
 
     def binding(self, sandbox_id: str) -> dict | None:  # type: ignore[type-arg]
         key = base64.b64encode(f"{self.prefix}bindings/{sandbox_id}".encode()).decode()
@@ -102,13 +76,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             nodes.append(stack.enter_context(running_node(
                 tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
                 AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common)))  # fmt: skip
-        gw = GatewayProcess(free_port(), tmp / "gateway.log",
-                            {**common, "AENV_API_KEY": API_KEY, "AENV_HOST": "127.0.0.1"})
-        gw.start(len(nodes))
+        gw = gateway(tmp, "gateway", common, API_KEY)
+        gw.start(gateway_ready(gw, len(nodes)))
         stack.callback(lambda: print(gw.tail(100)))
         stack.callback(lambda: gw.stop() == 0 or pytest.fail(f"gateway exit:\n{gw.tail()}"))
         with sdk_pointed_at(gw):  # type: ignore[arg-type]
-            yield Cluster(etcd, prefix, nodes, gw)
+            yield Cluster(etcd, prefix, nodes, gw, common)
 
 
 def test_the_sync_scenario_runs_through_the_gateway_on_both_nodes(cluster: Cluster) -> None:
@@ -158,6 +131,30 @@ def test_signed_urls_pause_and_resume_and_bindings_through_the_gateway(
     while any(cluster.binding(s.sandbox_id) for s in boxes):
         assert time.monotonic() < deadline, "bindings outlived their sandboxes"
         time.sleep(0.1)
+
+
+def test_the_sync_scenario_over_tls_with_only_e2b_domain(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """What a client of a production cluster sets: E2B_DOMAIN and the key (and here the
+    test CA). It resolves api.<domain> and <port>-<id>.<domain> with its namespace's own
+    resolver, to a gateway that terminates TLS with a wildcard certificate."""
+    certs = make_certs(tmp_path / "certs", DOMAIN)
+    with client_namespace(DOMAIN) as ns:
+        gw = gateway(tmp_path, "tls-gateway", cluster.env, API_KEY, host=ns.server_ip,
+                     port=443, AENV_DOMAIN=DOMAIN, AENV_TLS_CERT_FILE=str(certs.cert),
+                     AENV_TLS_KEY_FILE=str(certs.key))  # fmt: skip
+        gw.start(gateway_ready(gw, len(cluster.nodes), f"https://{ns.server_ip}",
+                               verify=str(certs.ca)))  # fmt: skip
+        try:
+            env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
+                   "E2B_DOMAIN": DOMAIN, "E2B_API_KEY": API_KEY,
+                   "SSL_CERT_FILE": str(certs.ca)}  # fmt: skip
+            script = "from tests.e2e.scenarios import sync_sdk_scenario; sync_sdk_scenario()"
+            r = ns.run([sys.executable, "-c", script], env, timeout=600, cwd=REPO)
+            assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{gw.tail()}"
+        finally:
+            assert gw.stop() == 0, gw.tail()
 
 
 def _settles(cluster: Cluster, sandbox_id: str) -> bool:

@@ -74,14 +74,18 @@ def fake_node(tmp: Path, name: str, env: dict[str, str], api_key: str, **extra: 
         "AENV_PORT": str(port), "AENV_NODE_NAME": name, **extra})  # fmt: skip
 
 
-def gateway(tmp: Path, name: str, env: dict[str, str], api_key: str) -> Child:
-    port = free_port()
+def gateway(tmp: Path, name: str, env: dict[str, str], api_key: str, *, host: str = "127.0.0.1",
+            port: int | None = None, **extra: str) -> Child:
+    port = port or free_port()
     return Child(aenv("gateway", "--port", str(port)), port, tmp / f"{name}.log",
-                 {**env, "AENV_API_KEY": api_key, "AENV_HOST": "127.0.0.1"})
+                 {**env, "AENV_API_KEY": api_key, "AENV_HOST": host, **extra})
 
 
-def gateway_ready(g: Child, nodes: int) -> Callable[[], bool]:
-    return lambda: httpx.get(g.origin + "/health", timeout=1).json()["nodes"] == nodes
+def gateway_ready(g: Child, nodes: int, origin: str | None = None,
+                  verify: str | bool = True) -> Callable[[], bool]:  # fmt: skip
+    """It answers /health (at `origin`: its own by default) and sees `nodes` nodes."""
+    url = (origin or g.origin) + "/health"
+    return lambda: httpx.get(url, timeout=1, verify=verify).json()["nodes"] == nodes
 
 
 def haproxy(tmp: Path, backends: list[Child]) -> Child:

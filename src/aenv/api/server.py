@@ -15,7 +15,7 @@ from types import FrameType
 import uvicorn
 
 from aenv.api.app import Node
-from aenv.api.serving import GracefulServer, listen
+from aenv.api.serving import GracefulServer, listen, tls_options
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
@@ -54,6 +54,7 @@ def uvicorn_config(node: Node, config: Config) -> uvicorn.Config:
         timeout_graceful_shutdown=int(config.shutdown_grace_s),
         timeout_keep_alive=30,
         h11_max_incomplete_event_size=64 * 1024,
+        **tls_options(config),  # type: ignore[arg-type]
     )
 
 

@@ -11,6 +11,8 @@ from collections.abc import Generator
 
 import uvicorn
 
+from aenv.config import Config
+
 
 class GracefulServer(uvicorn.Server):
     """uvicorn re-raises SIGINT/SIGTERM after a graceful stop; this one returns instead, so
@@ -44,3 +46,10 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def tls_options(config: Config) -> dict[str, str]:
+    """uvicorn's TLS settings for the configured certificate (none: plain HTTP)."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return {}
+    return {"ssl_certfile": str(config.tls_cert_file), "ssl_keyfile": str(config.tls_key_file)}

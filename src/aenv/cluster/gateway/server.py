@@ -9,7 +9,7 @@ import sys
 
 import uvicorn
 
-from aenv.api.serving import GracefulServer, listen
+from aenv.api.serving import GracefulServer, listen, tls_options
 from aenv.cluster.gateway.app import Gateway
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
@@ -31,7 +31,7 @@ def run(config: Config, port: int | None = None) -> int:
         gateway, host=config.host, port=port, lifespan="on", access_log=False,
         log_config=None, server_header=False,
         timeout_graceful_shutdown=int(config.shutdown_grace_s), timeout_keep_alive=30,
-        h11_max_incomplete_event_size=64 * 1024,
+        h11_max_incomplete_event_size=64 * 1024, **tls_options(config),  # type: ignore[arg-type]
     ))  # fmt: skip
     log_event(log, "gateway.starting", host=config.host, port=port,
               etcd=",".join(config.cluster.etcd_endpoints))  # fmt: skip

@@ -1,0 +1,41 @@
+"""A test CA and a certificate for `<domain>`, `api.<domain>` and `*.<domain>`, made with
+the openssl command (ECDSA P-256, valid two days): what an operator's wildcard certificate
+is to a node or a gateway. Nothing is added to the host's trust store: clients get the CA
+through the environment (SSL_CERT_FILE for the Python SDK's rustls, NODE_EXTRA_CA_CERTS
+for Node)."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Certs:
+    ca: Path  # PEM: the test CA's certificate
+    cert: Path  # PEM: the server certificate
+    key: Path  # PEM: its key
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    r = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"openssl {args[0]}: {r.stderr}"
+
+
+def make_certs(where: Path, domain: str) -> Certs:
+    where.mkdir(parents=True, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=aenv test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=where)  # fmt: skip
+    _openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr",
+             "-subj", f"/CN=*.{domain}", cwd=where)  # fmt: skip
+    (where / "server.ext").write_text(
+        f"subjectAltName=DNS:{domain},DNS:api.{domain},DNS:*.{domain}\n"
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\n")  # fmt: skip
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext",
+             cwd=where)  # fmt: skip
+    return Certs(where / "ca.pem", where / "server.pem", where / "server.key")
