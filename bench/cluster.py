@@ -1,7 +1,7 @@
-"""The cluster plane's figures that exist so far (issue 14), against a real etcd on loopback.
+"""The cluster plane's figures (issue 14), against a real etcd on loopback.
 
-Run as root or not, after `make setup` (Debian's etcd-server):
-    .venv/bin/python bench/cluster.py [--n 300] [--placers 3] [--ttl 3]
+Run after `make setup` (Debian's etcd-server; the gateway rows boot VMs: root):
+    .venv/bin/python bench/cluster.py [--n 300] [--placers 3] [--ttl 3] [--gateway-runs 30]
 
 - placement decision + commit (`placement.place`: read the reservations, choose, one
   transaction), one placer alone, p50/p95;
@@ -11,8 +11,12 @@ Run as root or not, after `make setup` (Debian's etcd-server):
 - a node's lease left to expire (its registration stops renewing, as after a kill -9):
   the time from its last renewal until a watching `Members` view drops it, against the TTL.
 
-Gateway overhead, gateway throughput and snapshot transfer rows come with those parts.
-Nothing is asserted.
+- through a gateway against the node directly, one real node (VMs) and `aenv gateway`
+  on this host, each pair interleaved: create (`POST /v2/sandboxes`), exec (the SDK's
+  `commands.run("true")`) and a proxied HTTP request (the agent's `GET /health`), as p50
+  ratios; then proxied requests per second, through the gateway and direct (wrk).
+
+Snapshot transfer rows come with the snapshot store. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
-from node import pct  # bench/node.py
+from node import Node, free_port, interleaved, pct, rps  # bench/node.py
 
 from aenv.cluster.etcd import Etcd, TxnResult
 from aenv.cluster.membership import Capacity, Members, NodeRecord, Registration
@@ -116,16 +121,98 @@ async def _lost_node(endpoints: list[str], ttl: int, runs: int) -> dict[str, str
             f"p50 {pct(delays, 50):.2f} s, max {max(delays):.2f} s over {runs} runs"}
 
 
+def _gateway(endpoints: list[str], runs: int, seconds: int) -> dict[str, str]:
+    import subprocess
+    import tempfile
+
+    import httpx
+    from e2b import Sandbox
+
+    tmp = Path(tempfile.mkdtemp(prefix="aenv-bench-gw-"))
+    env = {"AENV_ETCD_ENDPOINTS": ",".join(endpoints), "AENV_CLUSTER_TOKEN": "bench-token",
+           "AENV_CLUSTER_PREFIX": f"/bench{os.urandom(3).hex()}/", "AENV_NODE_NAME": "b0",
+           "AENV_PRIMED_POOL_SIZE": "0"}  # fmt: skip
+    node = Node(tmp / "node.log", **env)
+    node.start()
+    gw_port = free_port()
+    gw_env = {**os.environ, **env, "AENV_API_KEY": node.key, "AENV_HOST": "127.0.0.1"}
+    with (tmp / "gateway.log").open("ab") as out:
+        gw = subprocess.Popen([sys.executable, "-m", "aenv.cli.main", "gateway", "--port",
+                               str(gw_port)], env=gw_env, stdout=out, stderr=out)  # fmt: skip
+    via = f"http://127.0.0.1:{gw_port}"
+    rows: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(via + "/health", timeout=1).json()["nodes"] == 1:
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the gateway did not see the node")
+            time.sleep(0.2)
+        headers = {"X-API-Key": node.key}
+        with httpx.Client(base_url=via, headers=headers, timeout=120) as g, \
+                httpx.Client(base_url=node.origin, headers=headers, timeout=120) as d:
+
+            def create(c: httpx.Client) -> None:
+                r = c.post("/v2/sandboxes", json={"templateID": "base", "timeout": 120})
+                r.raise_for_status()
+                made.append((c, r.json()["sandboxID"]))
+
+            made: list[tuple[httpx.Client, str]] = []
+            xg, xd = interleaved(lambda: create(g), lambda: create(d), runs)
+            for c, sid in made:
+                c.delete(f"/sandboxes/{sid}")
+            rows["create via gateway / direct (p50)"] = _ratio(xg, xd)
+
+            sbx = g.post("/v2/sandboxes", json={"templateID": "base", "timeout": 600}).json()
+            sid, token = sbx["sandboxID"], sbx["envdAccessToken"]
+            on_gw = Sandbox.connect(sid, api_key=node.key, api_url=via, sandbox_url=via)
+            on_node = Sandbox.connect(sid, api_key=node.key, api_url=node.origin,
+                                      sandbox_url=node.origin)  # fmt: skip
+            xg, xd = interleaved(lambda: on_gw.commands.run("true"),
+                                 lambda: on_node.commands.run("true"), runs)  # fmt: skip
+            rows["exec (commands.run) via gateway / direct (p50)"] = _ratio(xg, xd)
+
+            route = {"E2b-Sandbox-Id": sid, "X-Access-Token": token}
+            with httpx.Client(base_url=via, headers=route) as pg, \
+                    httpx.Client(base_url=node.origin, headers=route) as pd:
+                xg, xd = interleaved(lambda: pg.get("/health").raise_for_status(),
+                                     lambda: pd.get("/health").raise_for_status(),
+                                     runs * 10)  # fmt: skip
+            rows["proxied GET via gateway / direct (p50)"] = _ratio(xg, xd)
+            r_g, how = rps(via + "/health", seconds, {"E2b-Sandbox-Id": sid})
+            r_d, _ = rps(node.origin + "/health", seconds, {"E2b-Sandbox-Id": sid})
+            rows[f"proxied req/s, gateway / direct ({how})"] = f"{r_g:.0f} / {r_d:.0f}"
+            g.delete(f"/sandboxes/{sid}")
+    finally:
+        gw.terminate()
+        gw.wait(30)
+        node.stop()
+    return rows
+
+
+def _ratio(via: list[float], direct: list[float]) -> str:
+    a, b = statistics.median(via), statistics.median(direct)
+    return f"{a / b:.3f}x ({a * 1e3:.2f} ms / {b * 1e3:.2f} ms, {len(via)} pairs)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--placers", type=int, default=3)
     ap.add_argument("--ttl", type=int, default=3)
     ap.add_argument("--lost-runs", type=int, default=3)
+    ap.add_argument("--gateway-runs", type=int, default=30, help="0: no gateway rows")
+    ap.add_argument("--seconds", type=int, default=5, help="each req/s measurement")
     args = ap.parse_args()
     with etcd_cluster(1) as c:
         rows = asyncio.run(_placements(c.endpoints, args.n, args.placers))
         rows.update(asyncio.run(_lost_node(c.endpoints, args.ttl, args.lost_runs)))
+        if args.gateway_runs:
+            rows.update(_gateway(c.endpoints, args.gateway_runs, args.seconds))
     print()
     for k, v in rows.items():
         print(f"{k:<52} {v}")
