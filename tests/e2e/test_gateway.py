@@ -145,7 +145,7 @@ def test_the_sync_scenario_over_tls_with_only_e2b_domain(
                      port=443, AENV_DOMAIN=DOMAIN, AENV_TLS_CERT_FILE=str(certs.cert),
                      AENV_TLS_KEY_FILE=str(certs.key))  # fmt: skip
         gw.start(gateway_ready(gw, len(cluster.nodes), f"https://{ns.server_ip}",
-                               verify=str(certs.ca)))  # fmt: skip
+                               verify=certs.by_address()))  # fmt: skip
         try:
             env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
                    "E2B_DOMAIN": DOMAIN, "E2B_API_KEY": API_KEY,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -82,7 +83,7 @@ def gateway(tmp: Path, name: str, env: dict[str, str], api_key: str, *, host: st
 
 
 def gateway_ready(g: Child, nodes: int, origin: str | None = None,
-                  verify: str | bool = True) -> Callable[[], bool]:  # fmt: skip
+                  verify: ssl.SSLContext | bool = True) -> Callable[[], bool]:  # fmt: skip
     """It answers /health (at `origin`: its own by default) and sees `nodes` nodes."""
     url = (origin or g.origin) + "/health"
     return lambda: httpx.get(url, timeout=1, verify=verify).json()["nodes"] == nodes

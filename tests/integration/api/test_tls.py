@@ -45,8 +45,8 @@ def test_the_sdk_reaches_a_tls_node_with_only_e2b_domain(tmp_path: Path) -> None
             "AENV_HOST": ns.server_ip, "AENV_PORT": "443", "AENV_DOMAIN": DOMAIN,
             "AENV_TLS_CERT_FILE": str(certs.cert), "AENV_TLS_KEY_FILE": str(certs.key),
         })  # fmt: skip
-        node.start(lambda: httpx.get(f"https://{ns.server_ip}/health", verify=str(certs.ca),
-                                     timeout=1).status_code == 200)  # fmt: skip
+        node.start(lambda: httpx.get(f"https://{ns.server_ip}/health", timeout=1,
+                                     verify=certs.by_address()).status_code == 200)  # fmt: skip
         try:
             # Plain HTTP to the TLS port is refused, and the name is what the cert says.
             with pytest.raises(httpx.HTTPError):

@@ -65,6 +65,7 @@ def test_publish_sends_each_chunk_once_and_fetch_only_what_the_node_lacks(
     # A snapshot made from it: the template's files, two chunks changed, one added.
     snap = tmp_path / "snap"
     shutil.copytree(tpl, snap)
+    (snap / "manifest.json").write_text('{"snapshot_id": "snap"}')
     with open(snap / "memory", "r+b") as f:
         for i in (1, 9):
             f.seek(i * CHUNK_SIZE)
