@@ -156,15 +156,21 @@ def _gateway(endpoints: list[str], runs: int, seconds: int) -> dict[str, str]:
         with httpx.Client(base_url=via, headers=headers, timeout=120) as g, \
                 httpx.Client(base_url=node.origin, headers=headers, timeout=120) as d:
 
-            def create(c: httpx.Client) -> None:
+            def create(c: httpx.Client) -> float:
+                t0 = time.perf_counter()
                 r = c.post("/v2/sandboxes", json={"templateID": "base", "timeout": 120})
+                took = time.perf_counter() - t0
                 r.raise_for_status()
-                made.append((c, r.json()["sandboxID"]))
+                c.delete(f"/sandboxes/{r.json()['sandboxID']}").raise_for_status()
+                return took
 
-            made: list[tuple[httpx.Client, str]] = []
-            xg, xd = interleaved(lambda: create(g), lambda: create(d), runs)
-            for c, sid in made:
-                c.delete(f"/sandboxes/{sid}")
+            create(g), create(d)  # warm both paths
+            xg, xd = [], []
+            for i in range(runs):  # interleaved, alternating which goes first
+                first, second = (g, d) if i % 2 == 0 else (d, g)
+                a, b = create(first), create(second)
+                xg.append(a if first is g else b)
+                xd.append(b if first is g else a)
             rows["create via gateway / direct (p50)"] = _ratio(xg, xd)
 
             sbx = g.post("/v2/sandboxes", json={"templateID": "base", "timeout": 600}).json()
