@@ -1,5 +1,5 @@
-"""Pause and resume of sandboxes (memory or filesystem only), and the route a paused
-sandbox's first request waits on."""
+"""Pause and resume of sandboxes (memory or filesystem only), the route a paused
+sandbox's first request waits on, and the node-wide pauses: fencing and drain."""
 
 from __future__ import annotations
 
@@ -151,6 +151,32 @@ class Pausing:
         finally:
             self._booting -= 1
             BOOTS_IN_FLIGHT.dec()
+
+    async def fence(self) -> None:
+        """Cut off from the cluster (its lease may end): start nothing, end the sandbox
+        traffic and pause every running sandbox, so none runs here once another node may
+        take it over. Reversed by unfence()."""
+        if self._fenced or not self._accepting:
+            return
+        self._fenced = True
+        log_event(log, "node.fenced", level=logging.WARNING)
+        for route in self.routes:
+            for st in list(route.streams):
+                st.abort("node fenced")
+        await self._pause_all("fence")
+
+    def unfence(self) -> None:
+        if self._fenced:
+            self._fenced = False
+            log_event(log, "node.unfenced")
+
+    def set_draining(self, draining: bool) -> None:
+        if draining != self._draining:
+            self._draining = draining
+            log_event(log, "node.draining" if draining else "node.undrained")
+
+    async def pause_all(self, reason: str) -> None:
+        await self._pause_all(reason)
 
     async def route_for_paused(self, sandbox_id: str) -> Route | None:
         """autoResume: the data plane found no route; resume the sandbox if it is paused and

@@ -139,31 +139,6 @@ class Orchestrator(Pausing, Forking):
         if new and self._draining:
             raise ShuttingDown("the node is draining")
 
-    async def fence(self) -> None:
-        """Cut off from the cluster (its lease may end): start nothing, end the sandbox
-        traffic and pause every running sandbox, so none runs here once another node may
-        take it over. Reversed by unfence()."""
-        if self._fenced or not self._accepting:
-            return
-        self._fenced = True
-        log_event(log, "node.fenced", level=logging.WARNING)
-        for route in self.routes:
-            for st in list(route.streams):
-                st.abort("node fenced")
-        await self._pause_all("fence")
-
-    def unfence(self) -> None:
-        if self._fenced:
-            self._fenced = False
-            log_event(log, "node.unfenced")
-
-    def set_draining(self, draining: bool) -> None:
-        if draining != self._draining:
-            self._draining = draining
-            log_event(log, "node.draining" if draining else "node.undrained")
-
-    async def pause_all(self, reason: str) -> None:
-        await self._pause_all(reason)
 
     def begin_shutdown(self) -> None:
         """Stop accepting creates and end open data-plane streams (SIGTERM, first step)."""
