@@ -29,6 +29,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -81,6 +82,8 @@ log = logging.getLogger("aenv.gateway")
 
 MAX_CREATE_BODY = 1 << 20  # as a node's control plane (api/app.py)
 FOUND_TTL_S = 10.0  # a sandbox found by asking the nodes: its binding comes within this
+NOT_FOUND_TTL_S = 1.0  # a sandbox no node has: asked again after this
+_SANDBOX_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _CONTROL_DROP = frozenset({
     b"host", b"expect", b"content-length", wire.SANDBOX_ID_HEADER.encode(),
     wire.TOKEN_HEADER.encode(), wire.ORIGIN_HEADER.encode(), wire.CURSORS_HEADER.encode(),
@@ -210,6 +213,8 @@ class Gateway:
     async def _owner(self, sandbox_id: str) -> NodeRecord | None:
         """The member node that holds `sandbox_id`, or None (unknown, or its node lost)."""
         assert self.bindings is not None and self.members is not None and self.etcd
+        if not _SANDBOX_ID.match(sandbox_id):
+            return None  # no node made it: not worth a question to etcd or to the nodes
         b = self.bindings.items.get(sandbox_id)
         if b is None:  # the watch may lag a binding just written: etcd itself
             b = await placement.binding(self.etcd, self.prefix, sandbox_id)
@@ -226,6 +231,10 @@ class Gateway:
                 self._found[sandbox_id] = (node.name, time.monotonic() + FOUND_TTL_S)
                 self._forget_found()
                 return node
+        # Nowhere: asked again only after a moment, so that a client polling a sandbox
+        # that is gone does not ask every node on every request.
+        self._found[sandbox_id] = ("", time.monotonic() + NOT_FOUND_TTL_S)
+        self._forget_found()
         return None
 
     def _forget_found(self) -> None:
