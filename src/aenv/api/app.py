@@ -29,6 +29,7 @@ from aenv.api import (
     uploads,
 )
 from aenv.api.auth import resolve_api_key
+from aenv.api.lifespan import lifespan
 from aenv.api.proxy import DataPlaneProxy
 from aenv.api.relay import send_json
 from aenv.config import Config
@@ -201,23 +202,7 @@ class Node:
         await self.api(scope, receive, send)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                try:
-                    await self.start()
-                except Exception as e:
-                    log.exception("node.start_failed")
-                    await send({"type": "lifespan.startup.failed", "message": repr(e)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                try:
-                    await self.close()
-                except Exception:
-                    log.exception("node.close_failed")
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send, self.start, self.close, "node")
 
 
 _HEALTH = b'{"status":"ok"}'

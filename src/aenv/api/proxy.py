@@ -255,11 +255,8 @@ class DataPlaneProxy:
             else:
                 await self._exchange(scope, receive, send, route, target, ex)
         except asyncio.CancelledError:
-            if ex.reason is None:
+            if not ex.taken_back():
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
             await self._aborted(scope, send, route, ex)
         finally:
             route.streams.discard(ex)

@@ -56,6 +56,17 @@ class Exchange:
             self.reason = reason
             self.task.cancel()
 
+    def taken_back(self) -> bool:
+        """In an `except CancelledError`: True if the cancellation was this exchange's own
+        abort (now undone, so the task may answer), False if it came from outside (re-raise
+        it)."""
+        if self.reason is None:
+            return False
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return True
+
 
 class UvicornAbortFilter(logging.Filter):
     """Keeps uvicorn from logging a deliberate `Aborted` as an application error."""
@@ -198,11 +209,8 @@ async def relay_websocket(
         await bridge.run()
         return "ws_ok"
     except asyncio.CancelledError:
-        if ex.reason is None or not ex.response_started:
+        if not ex.response_started or not ex.taken_back():
             raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
         await bridge.end(ws.CLOSE_GOING_AWAY, ex.reason)
         return "client_gone" if ex.reason == "client gone" else "aborted"
     finally:

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 import aenv
 from aenv.api.auth import api_key_path
+from aenv.api.lifespan import lifespan
 from aenv.api.proxy import UNAUTHORIZED, Target, not_found_body
 from aenv.api.relay import (
     Aborted,
@@ -122,15 +123,19 @@ class Gateway:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        cfg = self.config.cluster
-        if not cfg.etcd_endpoints:
+    def check_config(self) -> None:
+        """GatewayConfigError (one line) if it lacks what it needs to serve."""
+        if not self.config.cluster.etcd_endpoints:
             raise GatewayConfigError("a gateway needs cluster.etcd_endpoints "
                                      "(AENV_ETCD_ENDPOINTS)")  # fmt: skip
         if not self.token:
             raise GatewayConfigError("a gateway needs the cluster token (AENV_CLUSTER_TOKEN), "
                                      "the same as its nodes'")  # fmt: skip
         self.api_key = self.config.api_key or _read_key(self.config)
+
+    async def start(self) -> None:
+        cfg = self.config.cluster
+        self.check_config()
         self.etcd = Etcd(cfg.etcd_endpoints)
         self.members = Members(self.etcd, self.prefix)
         self.idem = Idempotency(self.etcd, self.prefix)
@@ -304,11 +309,8 @@ class Gateway:
             return await relay_http(self.pool, scope, receive, send, addr, target, headers, ex,
                                     unreachable)  # fmt: skip
         except asyncio.CancelledError:
-            if ex.reason is None:
+            if not ex.taken_back():
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
             return "client_gone"
         except Aborted:
             GATEWAY_REQUESTS.labels("relay", "upstream_broken").inc()
@@ -455,20 +457,7 @@ class Gateway:
                                     "role": "gateway", "nodes": len(self._nodes())})  # fmt: skip
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                try:
-                    await self.start()
-                except Exception as e:
-                    log.error("gateway.start_failed: %s", e)
-                    await send({"type": "lifespan.startup.failed", "message": str(e)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send, self.start, self.close, "gateway")
 
 
 _ANSWER_DROP = frozenset({b"content-length", b"transfer-encoding", b"connection",

@@ -10,7 +10,7 @@ import sys
 import uvicorn
 
 from aenv.api.serving import GracefulServer, listen, tls_options
-from aenv.cluster.gateway.app import Gateway
+from aenv.cluster.gateway.app import Gateway, GatewayConfigError
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
@@ -27,6 +27,12 @@ def run(config: Config, port: int | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     gateway = Gateway(config)
+    try:
+        gateway.check_config()
+    except GatewayConfigError as e:
+        sock.close()
+        print(f"aenv gateway: {e}", file=sys.stderr)
+        return 1
     server = GracefulServer(uvicorn.Config(
         gateway, host=config.host, port=port, lifespan="on", access_log=False,
         log_config=None, server_header=False,
