@@ -56,6 +56,22 @@ class ClusterConfig(BaseModel):
     gateway_port: int = 8080  # `aenv gateway` listens here (on `host`)
 
 
+class StoreConfig(BaseModel):
+    """`[store]`: the snapshot store (docs/cluster.md, "Snapshot store"). No url: none; a
+    node then shares snapshots with its peers only (fetched from one that holds them)."""
+
+    # "s3://bucket/prefix" (boto3; credentials from its usual chain) or "file:///shared/dir"
+    url: str = Field("", pattern=r"^(|s3://[^/]+(/.*)?|file:///.*)$")
+    endpoint_url: str = ""  # an S3-compatible endpoint (MinIO, Ceph, moto); "" for AWS
+    region: str = ""
+    # Snapshots this node fetched (from a peer or the store) are a cache: least recently
+    # used first out beyond this bound, never one a restore in flight uses.
+    cache_bytes: int = Field(64 << 30, ge=1 << 20)
+    # Publish a sandbox's paused state when it pauses, so that it may resume on another
+    # node (a sandbox's own `aenv.publish` metadata, "true" or "false", wins).
+    publish_paused: bool = False
+
+
 class Config(BaseModel):
     data_dir: Path = Path("/var/lib/aenv")
     # Sparse XFS image mounted at data_dir when data_dir's filesystem cannot reflink.
@@ -129,6 +145,10 @@ class Config(BaseModel):
     log_level: str = "info"
     registry: RegistryConfig = RegistryConfig()
     cluster: ClusterConfig = ClusterConfig()
+    store: StoreConfig = StoreConfig()
+    # The node's snapshot repository; default: data_dir/snapshots, shared by the instances
+    # of one data directory. Nodes of one host that must not share it set their own.
+    snapshots_path: Path | None = None
     # Template builds (E2B's build API): how many run at once, what their build VMs may reach
     # (CIDRs; "0.0.0.0/0" is the public internet, as E2B gives builds for apt-get and pip;
     # private and host ranges stay closed), and the largest build context archive.
@@ -206,7 +226,7 @@ class Config(BaseModel):
 
     @property
     def snapshots_dir(self) -> Path:
-        return self.data_dir / "snapshots"
+        return self.snapshots_path or self.data_dir / "snapshots"
 
     @property
     def sandboxes_dir(self) -> Path:
@@ -261,6 +281,7 @@ _SIMPLE_ENV = {
     "LAYERED_PULLS": "layered_pulls",
     "PUBLIC_URL": "public_url",
     "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
+    "SNAPSHOTS_DIR": "snapshots_path",
 }
 
 
@@ -276,6 +297,14 @@ _CLUSTER_ENV = {
     "CLUSTER_LEASE_TTL_S": "lease_ttl_s",
     "CLUSTER_TOKEN": "token",
     "GATEWAY_PORT": "gateway_port",
+}
+
+_STORE_ENV = {
+    "STORE_URL": "url",
+    "STORE_ENDPOINT_URL": "endpoint_url",
+    "STORE_REGION": "region",
+    "STORE_CACHE_BYTES": "cache_bytes",
+    "STORE_PUBLISH_PAUSED": "publish_paused",
 }
 
 
@@ -311,5 +340,10 @@ def load(
     if ENV_PREFIX + "ETCD_ENDPOINTS" in env:  # "http://10.0.0.1:2379,http://10.0.0.2:2379"
         cluster["etcd_endpoints"] = _csv(env[ENV_PREFIX + "ETCD_ENDPOINTS"])
     data["cluster"] = cluster
+    store = dict(data.get("store") or {})  # type: ignore[call-overload]
+    for suffix, key in _STORE_ENV.items():
+        if ENV_PREFIX + suffix in env:
+            store[key] = env[ENV_PREFIX + suffix]
+    data["store"] = store
     data.update({k: v for k, v in overrides.items() if v is not None})
     return Config.model_validate(data)

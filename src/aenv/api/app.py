@@ -64,6 +64,7 @@ def build_api(node: Node) -> FastAPI:
     api.state.builds = node.builds
     api.state.cluster_token = node.config.cluster.token
     api.state.proxy = node.proxy
+    api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
     errors.install(api)
     api.include_router(system.router)
     api.include_router(internal.router)
@@ -119,6 +120,7 @@ class Node:
                 await self.membership.close()
                 await self.orchestrator.close()
                 raise
+            self.api.state.sharing = self.membership.sharing
         # Node info rides on /health: the accelerator the runtime detected (kvm or tcg).
         accel = getattr(self.orchestrator.runtime, "accel", None)
         self._health = json.dumps(

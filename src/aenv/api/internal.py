@@ -7,18 +7,27 @@ authenticated by the cluster token rather than an API key; 404 on a node without
 - `GET /cluster/v1/signed-files?<the /files query>&method=GET|POST`: which of this node's
   sandboxes a signed `/files` URL is for (200 `{sandboxID}`, or 404). Such a URL carries
   no sandbox id, and tokens never leave their node, so a gateway asks the nodes.
+- `GET /cluster/v1/snapshots/{id or name}`: a snapshot this node holds, described for a
+  peer that fetches it (`store.published.Published`: its files as chunk digests, its
+  manifest, what a node must match to restore it), or 404.
+- `GET /cluster/v1/snapshot-files/{id}/{state|memory|disk}`: that snapshot's files, with
+  range requests (the peer fetches the chunks it lacks).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import FileResponse, Response
 
 from aenv.api.apierror import ApiError
 from aenv.cluster import wire
+from aenv.machines.api import TemplateNotFound
 from aenv.orchestrator.states import PUBLIC_STATE
+from aenv.storage.snapshots import FILES, SnapshotCorrupt, SnapshotNotFound
 
 
 def client_origin(request: Request) -> str:
@@ -57,3 +66,33 @@ async def signed_files(
     if route is None:
         raise ApiError(404, "no sandbox of this node signed it")
     return {"sandboxID": route.sandbox_id}
+
+
+def _sharing(request: Request) -> Any:
+    sharing = request.app.state.sharing
+    if sharing is None:
+        raise ApiError(404, "this node shares no snapshots")
+    return sharing
+
+
+@router.get("/snapshots/{name:path}")
+async def snapshot_doc(request: Request, name: str) -> Response:
+    sharing = _sharing(request)
+    try:
+        pub = await asyncio.to_thread(sharing.describe, name)
+    except (TemplateNotFound, SnapshotNotFound, SnapshotCorrupt):
+        raise ApiError(404, f"snapshot {name!r} is not on this node") from None
+    return Response(pub.model_dump_json(), media_type="application/json")
+
+
+@router.get("/snapshot-files/{snapshot_id}/{file}")
+async def snapshot_file(request: Request, snapshot_id: str, file: str) -> FileResponse:
+    sharing = _sharing(request)
+    try:
+        man = sharing.snapshots.get(snapshot_id)
+    except (SnapshotNotFound, SnapshotCorrupt):
+        raise ApiError(404, f"snapshot {snapshot_id!r} is not on this node") from None
+    if file not in FILES or file not in man.files:
+        raise ApiError(404, f"snapshot {snapshot_id!r} has no file {file!r}")
+    return FileResponse(sharing.snapshots.path(snapshot_id) / file,
+                        media_type="application/octet-stream")

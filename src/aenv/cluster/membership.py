@@ -56,7 +56,10 @@ class NodeRecord(BaseModel):
     capacity: Capacity
     usage: Usage = Field(default_factory=Usage)
     templates: list[str] = Field(default_factory=list)
-    snapshots: list[str] = Field(default_factory=list)
+    snapshots: list[str] = Field(default_factory=list)  # its own (taken here)
+    cached: list[str] = Field(default_factory=list)  # copies it fetched from elsewhere
+    # Ids and names of its own snapshots, which peers may fetch from it.
+    shared: list[str] = Field(default_factory=list)
     # Every name a create may give here (template ids and aliases, snapshot ids and names)
     # and the memory it reserves: what placement reserves before the node is asked.
     memory_of: dict[str, int] = Field(default_factory=dict)
@@ -66,7 +69,8 @@ class NodeRecord(BaseModel):
 
     def holds(self, name: str) -> bool:
         """Whether a create of template or snapshot `name` needs no transfer here."""
-        return name in self.memory_of or name in self.templates or name in self.snapshots
+        return (name in self.memory_of or name in self.templates or name in self.snapshots
+                or name in self.cached)  # fmt: skip
 
     def content(self) -> dict[str, object]:
         """The record without its timestamp: what a republish compares."""

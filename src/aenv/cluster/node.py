@@ -19,6 +19,7 @@ import aenv
 from aenv.cluster.bindings import Held, NodeBindings
 from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
+from aenv.cluster.sharing import Sharing, shared_names
 from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.storage.kernel import kernel_cache_key
@@ -75,6 +76,11 @@ class NodeMembership:
         self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held,
                                      free=self._free)  # fmt: skip
         self._guard: asyncio.Task[None] | None = None
+        # Snapshots shared with the other nodes (a runtime with a snapshot repository).
+        self.sharing: Sharing | None = None
+        if hasattr(orchestrator.runtime, "snapshots"):
+            self.sharing = Sharing(cfg, orchestrator, self.etcd, node_name(cfg))
+            orchestrator.shared = self.sharing
         orchestrator.on_stopped.append(self._last_reconcile)
         orchestrator.store.on_change.append(self.bindings.kick)
 
@@ -109,6 +115,8 @@ class NodeMembership:
             ),
             templates=sorted(t.template_id for t in templates),
             snapshots=sorted(s.snapshot_id for s in snapshots),
+            cached=self.sharing.cached() if self.sharing is not None else [],
+            shared=shared_names(snapshots),
             memory_of=memory_of,
             draining=not orch.accepting, started_at=self.started_at,
         )  # fmt: skip
@@ -116,6 +124,8 @@ class NodeMembership:
     async def start(self) -> None:
         await self.registration.start()
         await self.bindings.start()
+        if self.sharing is not None:
+            await self.sharing.start()
         self._guard = asyncio.get_running_loop().create_task(self._guarding(),
                                                              name="aenv-fence")  # fmt: skip
 
@@ -187,6 +197,8 @@ class NodeMembership:
         try:
             await cancel(self._guard)
             await self.bindings.stop()
+            if self.sharing is not None:
+                await self.sharing.close()
         finally:
             await self.registration.stop()
             await self.etcd.aclose()

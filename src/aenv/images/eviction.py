@@ -19,6 +19,7 @@ from prometheus_client import Counter, Gauge
 
 from aenv.images.cache import UMOCI, ImageCache, NoSpace
 from aenv.images.registry import RegistryError, RemoteImage
+from aenv.storage import lru
 from aenv.storage.files import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -84,14 +85,11 @@ def evict(cache: ImageCache, bound: int, pinned: set[str]) -> Report:
         report = Report(_size(cache, cache.cached_blobs()), _size(cache, pinned_blobs))
         # Which to untag is worked out from the tags' blob sets (a blob stays while any
         # remaining image references it); then one garbage collection removes the blobs.
-        keep = dict(tags)
-        total = _size(cache, set().union(*keep.values()))  # blobs no tag names go anyway
-        for tag in sorted((t for t in tags if t not in pinned), key=lambda t: usage.get(t, 0)):
-            if total <= bound:
-                break
-            del keep[tag]
-            report.evicted.append(tag)
-            total = _size(cache, set().union(*keep.values()))
+        report.evicted = lru.evictions(
+            tags, usage, pinned, lambda keep: _size(cache, set().union(*(tags[t] for t in keep))),
+            bound)  # fmt: skip
+        total = _size(cache, set().union(*(b for t, b in tags.items()
+                                           if t not in report.evicted)))  # fmt: skip
         for tag in report.evicted:
             _umoci("remove", "--image", f"{cache.layout}:{tag}")
             usage.pop(tag, None)

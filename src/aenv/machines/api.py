@@ -93,6 +93,10 @@ class SnapshotInfo:
     template: str  # the template that sandbox was created from
     created_at: str  # RFC 3339
     shape: MachineShape
+    # A copy fetched from another node or the snapshot store (a cache entry: not listed);
+    # then what creates from it take from its template, which this node may lack.
+    fetched: bool = False
+    origin: dict[str, object] = field(default_factory=dict)
 
 
 class RuntimeError_(Exception):

@@ -126,5 +126,7 @@ def info_of_snapshot(man: Manifest) -> SnapshotInfo:
     return SnapshotInfo(
         snapshot_id=man.snapshot_id, names=list(man.names), parent=man.parent,
         template=man.template, created_at=man.created_at, shape=man.shape,
+        fetched=man.fetched is not None,
+        origin=dict(man.fetched.get("origin") or {}) if man.fetched else {},  # type: ignore[call-overload]
     )
 

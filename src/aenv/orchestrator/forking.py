@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateNotFound
+from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.network.egress import EgressPolicy
 from aenv.obs import OPS_TOTAL, log_event, stage
 from aenv.orchestrator import snapshots as snaps
@@ -18,6 +18,7 @@ from aenv.orchestrator.errors import (
     Unsupported,
 )
 from aenv.orchestrator.requests import (
+    FALLBACK_ENVD_VERSION,
     FULL_RETRY_AFTER_S,
     MAX_FORK_COUNT,
     CreateRequest,
@@ -58,28 +59,90 @@ class Forking:
             finally:
                 # The runtime lets the VM continue whatever happened.
                 self.store.transition(sandbox_id, [S.SNAPSHOTTING], S.RUNNING, self.now_us())
+            if self.shared is not None:
+                self.shared.taken(info)
         OPS_TOTAL.labels("snapshot", "ok").inc()
         log_event(log, "snapshot.created", sandbox_id=sandbox_id, snapshot_id=snap_id,
                   mode="full" if memory else "filesystem",
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return info
 
+    def resolve_template(self, name: str, *, fetched: bool = False) -> TemplateInfo:
+        """A template by id or alias, else a snapshot by id, else the newest snapshot carrying
+        `name`; TemplateNotFound (404) if none. `fetched`: a copy fetched from another node
+        counts too (`_resolve` found it through the cluster)."""
+        try:
+            return self.runtime.template(name)
+        except TemplateNotFound:
+            pass
+        snap = self.find_snapshot(name, fetched=fetched)
+        try:
+            source = self.runtime.template(snap.template)
+        except TemplateNotFound:
+            source = None
+        if source is None and snap.origin:  # fetched: what its own node's template gave
+            o = snap.origin
+            return TemplateInfo(
+                template_id=snap.snapshot_id, aliases=list(snap.names), shape=snap.shape,
+                envd_version=str(o.get("envd_version") or FALLBACK_ENVD_VERSION),
+                build_id=snap.snapshot_id, created_at=snap.created_at,
+                env=dict(o.get("env") or {}),  # type: ignore[call-overload]
+                user=o.get("user"), workdir=o.get("workdir"),  # type: ignore[arg-type]
+            )  # fmt: skip
+        return TemplateInfo(
+            template_id=snap.snapshot_id, aliases=list(snap.names), shape=snap.shape,
+            envd_version=source.envd_version if source else FALLBACK_ENVD_VERSION,
+            build_id=snap.snapshot_id, created_at=snap.created_at,
+            env=dict(source.env) if source else {}, user=source.user if source else None,
+            workdir=source.workdir if source else None,
+        )  # fmt: skip
+
+    async def _resolve(self, name: str) -> TemplateInfo:
+        """`resolve_template`, then the cluster: a snapshot another node or the snapshot
+        store has is fetched here first."""
+        try:
+            return self.resolve_template(name)
+        except TemplateNotFound:
+            if self.shared is None:
+                raise
+            sid = await self.shared.locate(name)
+            if sid is None:
+                raise
+        return self.resolve_template(sid, fetched=True)
+
     def snapshot_list(self) -> list[SnapshotInfo]:
         """Every snapshot of this node that is not being deleted."""
         return self._snapshots()
 
     def _snapshots(self) -> list[SnapshotInfo]:
+        """This node's own snapshots: not those being deleted, nor copies it fetched."""
         return [s for s in self.runtime.list_snapshots()
-                if not self._snap_refs.hidden(s.snapshot_id)]  # fmt: skip
+                if not self._snap_refs.hidden(s.snapshot_id) and not s.fetched]  # fmt: skip
 
-    def find_snapshot(self, name: str) -> SnapshotInfo:
-        """By id, else the newest carrying `name`; TemplateNotFound (404)."""
+    def find_snapshot(self, name: str, *, fetched: bool = False) -> SnapshotInfo:
+        """By id, else the newest carrying `name`; TemplateNotFound (404). A copy fetched
+        from another node is found only with `fetched` (by id: the cluster, which says
+        whether it still exists, named it)."""
         if not self._snap_refs.hidden(name):
             try:
-                return self.runtime.snapshot_info(name)
+                snap = self.runtime.snapshot_info(name)
+                if fetched or not snap.fetched:
+                    return snap
             except TemplateNotFound:
                 pass
         return snaps.newest_named(self._snapshots(), name)
+
+    async def _find_shared(self, name: str) -> SnapshotInfo:
+        """`find_snapshot`, then the cluster (fetched here if another node has it)."""
+        try:
+            return self.find_snapshot(name)
+        except TemplateNotFound:
+            if self.shared is None:
+                raise
+            sid = await self.shared.locate(name)
+            if sid is None:
+                raise
+        return self.find_snapshot(sid, fetched=True)
 
     def list_snapshots(
         self, sandbox_id: str | None = None, name: str | None = None,
@@ -112,6 +175,8 @@ class Forking:
             snapshot_id = info.build_id  # the template's snapshot, deleted like any other
         if self._snap_refs.doom(snapshot_id):
             self._delete_snapshot_files(snapshot_id)
+        if self.shared is not None:
+            self.shared.deleted(snapshot_id)
         OPS_TOTAL.labels("snapshot_delete", "ok").inc()
         log_event(log, "snapshot.deleted", snapshot_id=snapshot_id,
                   deferred=self._snap_refs.hidden(snapshot_id))  # fmt: skip
@@ -192,8 +257,8 @@ class Forking:
         if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
             raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
         self._check_timeout(timeout_s)
-        snap = self.find_snapshot(snapshot)  # TemplateNotFound -> 404
-        info = self.resolve_template(snap.snapshot_id)
+        snap = await self._find_shared(snapshot)  # TemplateNotFound -> 404
+        info = self.resolve_template(snap.snapshot_id, fetched=True)
         self._refuse(new=True)
         n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
         self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")

@@ -21,7 +21,7 @@ from aenv import faults
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
 from aenv.machines.agent_replies import AgentMetrics
-from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, TemplateNotFound, VmmExit
+from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
 from aenv.network.egress import EgressPolicy, EgressPolicyError
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
 from aenv.orchestrator import background, recovery, space
@@ -40,7 +40,6 @@ from aenv.orchestrator.pausing import Pausing
 from aenv.orchestrator.requests import (
     AUTO_PAUSE_RETRY_S,
     BOOTS_RETRY_AFTER_S,
-    FALLBACK_ENVD_VERSION,
     FULL_RETRY_AFTER_S,
     MAX_REFRESH_S,
     CreateRequest,
@@ -90,6 +89,7 @@ class Orchestrator(Pausing, Forking):
         self._started = False
         self._closing = False
         self._snap_refs = snaps.SnapshotRefs()
+        self.shared: snaps.Shared | None = None  # set by the cluster plane (cluster/node.py)
         # Run at close, after the last pause and VM and before the store closes: the
         # cluster's bindings then say what shutdown left (cluster/node.py).
         self.on_stopped: list[Callable[[], Awaitable[None]]] = []
@@ -283,26 +283,6 @@ class Orchestrator(Pausing, Forking):
                 f"{(free + short) >> 20} MiB needed ({space.explain(running, new_mib, reserve)})"
             )
 
-    def resolve_template(self, name: str) -> TemplateInfo:
-        """A template by id or alias, else a snapshot by id, else the newest snapshot carrying
-        `name`; TemplateNotFound (404) if none."""
-        try:
-            return self.runtime.template(name)
-        except TemplateNotFound:
-            pass
-        snap = self.find_snapshot(name)
-        try:
-            source = self.runtime.template(snap.template)
-        except TemplateNotFound:
-            source = None
-        return TemplateInfo(
-            template_id=snap.snapshot_id, aliases=list(snap.names), shape=snap.shape,
-            envd_version=source.envd_version if source else FALLBACK_ENVD_VERSION,
-            build_id=snap.snapshot_id, created_at=snap.created_at,
-            env=dict(source.env) if source else {}, user=source.user if source else None,
-            workdir=source.workdir if source else None,
-        )  # fmt: skip
-
     async def create(self, req: CreateRequest) -> SandboxRecord:
         self._check_timeout(req.timeout_s)
         if req.auto_resume and not req.auto_pause:
@@ -315,7 +295,7 @@ class Orchestrator(Pausing, Forking):
             egress = EgressPolicy.from_request(req.allow_internet, req.allow_out, req.deny_out)
         except EgressPolicyError as e:
             raise InvalidRequest(str(e)) from None
-        info = self.resolve_template(req.template)  # TemplateNotFound -> 404
+        info = await self._resolve(req.template)  # TemplateNotFound -> 404
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
         if req.sandbox_id is not None and (req.existing_only or self.store.get(req.sandbox_id)):

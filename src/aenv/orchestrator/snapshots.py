@@ -8,6 +8,7 @@ import re
 import secrets
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Protocol
 
 from aenv.machines.api import SnapshotInfo, TemplateNotFound
 from aenv.orchestrator.errors import InvalidRequest
@@ -15,6 +16,21 @@ from aenv.orchestrator.errors import InvalidRequest
 # E2B names look like `my-snapshot`, `team/my-snapshot` or `my-snapshot:v1`.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 MAX_PAGE = 100
+
+
+class Shared(Protocol):
+    """Snapshots beyond this node: its cluster's peers and snapshot store (cluster/
+    sharing.py). None on a standalone node."""
+
+    async def locate(self, name: str) -> str | None:
+        """The id of the snapshot `name` (an id or a name) names in the cluster, fetched
+        to this node if it lacks it; None if no node and no store has one."""
+
+    def taken(self, snap: SnapshotInfo) -> None:
+        """A snapshot was just taken here (it may be published)."""
+
+    def deleted(self, snapshot_id: str) -> None:
+        """A snapshot of this node was deleted (its publication goes too)."""
 
 
 def new_snapshot_id() -> str:

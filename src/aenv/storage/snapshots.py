@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -79,6 +80,9 @@ class Manifest:
     # False: filesystem-only, the disk alone (no RAM, no device state); a VM made from it
     # cold-boots the disk with this kernel, tools drive and command line.
     memory: bool = True
+    # Set on a copy this node fetched from a peer or the snapshot store (store/): where
+    # from and when, and what creates from it take from its template (Published.origin).
+    fetched: dict[str, object] | None = None
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -163,21 +167,36 @@ class SnapshotStore:
     def new_id(self) -> str:
         return "snap-" + uuid.uuid4().hex[:16]
 
-    def put(self, manifest: Manifest, sources: dict[str, Path], *, checksums: bool = True
-            ) -> Path:
-        """Clone `sources` (`manifest.files`: state, memory, disk; or the disk alone) into a
-        new snapshot; return its dir. The state file is hashed here (cheap); with
-        `checksums`, the snapshot is queued for its chunk checksums, computed later off this
-        path."""
+    @contextlib.contextmanager
+    def _staged(self, snapshot_id: str) -> Iterator[Path]:
+        """A staging directory that becomes the snapshot `snapshot_id` when the block ends
+        (an atomic rename), or goes if it raises."""
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.path(manifest.snapshot_id)
-        stage = self.root / f".tmp-{manifest.snapshot_id}"
+        final = self.path(snapshot_id)
+        stage = self.root / f".tmp-{snapshot_id}"
         stage.mkdir(mode=0o755)
         # Held until the rename: tells gc_staging (of any node sharing the store) that this
         # staging directory has a live writer. The kernel drops it if this process dies.
         lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            yield stage
+            fault("snapshot.before_rename")
+            os.replace(stage, final)
+            fsync_path(self.root)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        finally:
+            os.close(lock)
+
+    def put(self, manifest: Manifest, sources: dict[str, Path], *, checksums: bool = True
+            ) -> Path:
+        """Clone `sources` (`manifest.files`: state, memory, disk; or the disk alone) into a
+        new snapshot; return its dir. The state file is hashed here (cheap); with
+        `checksums`, the snapshot is queued for its chunk checksums, computed later off this
+        path."""
+        with self._staged(manifest.snapshot_id) as stage:
             for name in manifest.files:
                 dst = stage / name
                 clone(sources[name], dst)
@@ -188,17 +207,23 @@ class SnapshotStore:
             manifest.checksums = CHECKSUMS_FILE if checksums else None
             manifest.created_at = manifest.created_at or now_rfc3339()
             write_json_atomic(stage / "manifest.json", manifest.to_json())
-            fault("snapshot.before_rename")
-            os.replace(stage, final)
-            fsync_path(self.root)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
-        finally:
-            os.close(lock)
         if checksums:
             self.pending.append(manifest.snapshot_id)
-        return final
+        return self.path(manifest.snapshot_id)
+
+    def adopt(self, snapshot_id: str, fill: Callable[[Path], Manifest],
+              record: checksums_mod.ChecksumRecord) -> Path:
+        """A snapshot whose files `fill` writes into a staging directory (a fetch from
+        another node or the snapshot store), returning its manifest; `record` is the
+        checksum record its files were checked against as they came."""
+        with self._staged(snapshot_id) as stage:
+            manifest = fill(stage)
+            for name in manifest.files:
+                (stage / name).chmod(0o444)
+            checksums_mod.write_record(stage / CHECKSUMS_FILE, record)
+            manifest.checksums = CHECKSUMS_FILE
+            write_json_atomic(stage / "manifest.json", manifest.to_json())
+        return self.path(snapshot_id)
 
     def get(self, snapshot_id: str) -> Manifest:
         p = self.path(snapshot_id) / "manifest.json"

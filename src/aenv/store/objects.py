@@ -144,3 +144,18 @@ class S3Objects:
         for page in pages:
             out += [o["Key"][len(self.prefix):] for o in page.get("Contents", [])]
         return sorted(out)
+
+
+def open_store(url: str, *, endpoint_url: str = "", region: str = "") -> ObjectStore | None:
+    """The store a `[store]` url names: `s3://bucket/prefix`, `file:///dir`; "" is none."""
+    if not url:
+        return None
+    if url.startswith("file://"):
+        return FsObjects(Path(url.removeprefix("file://")))
+    if url.startswith("s3://"):
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return S3Objects(bucket, prefix=prefix, endpoint_url=endpoint_url or None,
+                         region=region or None)  # fmt: skip
+    raise ValueError(f"store url {url!r}: expected s3://bucket[/prefix] or file:///dir")

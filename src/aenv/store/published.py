@@ -60,6 +60,9 @@ class Published(BaseModel, frozen=True):
     files: dict[str, PublishedFile]
     manifest: dict[str, Any] = Field(default_factory=dict)  # the snapshot's manifest.json
     compat: Compat = Field(default_factory=Compat)
+    # What a create from it takes from the template it was made from (envd version, env,
+    # user, workdir): a node that lacks that template still gives its sandboxes the same.
+    origin: dict[str, Any] = Field(default_factory=dict)
     published_at: float = Field(default_factory=time.time)
 
     def logical_bytes(self) -> int:

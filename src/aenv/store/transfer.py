@@ -10,7 +10,9 @@ Both sides work from the snapshot's chunk checksums (`storage/checksums.py`: SHA
 - fetch makes each file sparse at its size and writes only its non-zero chunks. A chunk the
   node already has locally (`local`: digest -> where, from the checksum records of the
   templates and snapshots it holds) is copied from there; only the rest is downloaded,
-  and every downloaded chunk is checked against its digest.
+  from the first of its `sources` that has it (a peer node holding the snapshot, then the
+  object store), and every downloaded chunk is checked against its digest: a source that
+  sends a wrong one is not asked again.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from aenv.storage.checksums import ZERO, ChecksumRecord
-from aenv.store.objects import ObjectStore
+from aenv.store.objects import ObjectNotFound, ObjectStore, ObjectStoreError
 from aenv.store.published import Compat, Published, PublishedFile, chunk_key, manifest_key
 
 
@@ -41,6 +44,38 @@ class Moved:
     present: int = 0  # already in the store (publish) or copied from local files (fetch)
     moved: int = 0  # sent (publish) or downloaded (fetch)
     moved_bytes: int = 0
+    by_source: dict[str, int] = field(default_factory=dict)  # fetch: bytes from each source
+
+
+class ChunkSource(Protocol):
+    """Where a fetch downloads chunks from."""
+
+    name: str  # "store", "peer:<node>"
+
+    def chunk(self, file: str, offset: int, length: int, digest: str) -> bytes | None:
+        """The chunk at `offset` of the snapshot's `file`, whose digest is `digest`; None if
+        this source lacks it. Raises SourceFailed if the source is out of reach."""
+
+
+class SourceFailed(Exception):
+    pass
+
+
+class StoreChunks:
+    """The object store as a chunk source (chunks by digest)."""
+
+    name = "store"
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def chunk(self, file: str, offset: int, length: int, digest: str) -> bytes | None:
+        try:
+            return self.store.get(chunk_key(digest))
+        except ObjectNotFound:
+            return None
+        except ObjectStoreError as e:
+            raise SourceFailed(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -50,15 +85,30 @@ class LocalChunk:
     length: int
 
 
+def describe(snapshot_dir: Path, record: ChecksumRecord, *, kind: str = "snapshot",
+             compat: Compat | None = None, manifest: Mapping[str, object] | None = None,
+             origin: Mapping[str, object] | None = None) -> Published:  # fmt: skip
+    """The `Published` of a snapshot on disk, from its checksum record."""
+    if manifest is None:
+        path = snapshot_dir / "manifest.json"
+        manifest = json.loads(path.read_text()) if path.is_file() else {}
+    files = {name: PublishedFile(size=sums.size, chunks=sums.chunks)
+             for name, sums in record.files.items()}  # fmt: skip
+    return Published(snapshot_id=record.snapshot_id, kind=kind,  # type: ignore[arg-type]
+                     chunk_size=record.chunk_size, files=files, manifest=dict(manifest),
+                     compat=compat or Compat(), origin=dict(origin or {}))  # fmt: skip
+
+
 def publish(store: ObjectStore, snapshot_dir: Path, record: ChecksumRecord, *,
             kind: str = "snapshot", compat: Compat | None = None,
-            manifest: Mapping[str, object] | None = None) -> Moved:  # fmt: skip
+            manifest: Mapping[str, object] | None = None,
+            origin: Mapping[str, object] | None = None) -> Moved:  # fmt: skip
+    pub = describe(snapshot_dir, record, kind=kind, compat=compat, manifest=manifest,
+                   origin=origin)  # fmt: skip
     moved = Moved()
     size = record.chunk_size
     sent: set[str] = set()
-    files: dict[str, PublishedFile] = {}
     for name, sums in record.files.items():
-        files[name] = PublishedFile(size=sums.size, chunks=sums.chunks)
         moved.logical_bytes += sums.size
         with open(snapshot_dir / name, "rb") as f:
             fd = f.fileno()
@@ -79,12 +129,6 @@ def publish(store: ObjectStore, snapshot_dir: Path, record: ChecksumRecord, *,
                 sent.add(digest)
                 moved.moved += 1
                 moved.moved_bytes += length
-    if manifest is None:
-        path = snapshot_dir / "manifest.json"
-        manifest = json.loads(path.read_text()) if path.is_file() else {}
-    pub = Published(snapshot_id=record.snapshot_id, kind=kind,  # type: ignore[arg-type]
-                    chunk_size=size, files=files, manifest=dict(manifest),
-                    compat=compat or Compat())  # fmt: skip
     store.put(manifest_key(record.snapshot_id), pub.model_dump_json().encode())
     return moved
 
@@ -93,10 +137,11 @@ def published(store: ObjectStore, snapshot_id: str) -> Published:
     return Published.model_validate_json(store.get(manifest_key(snapshot_id)))
 
 
-def fetch(store: ObjectStore, pub: Published, dest: Path, *,
+def fetch(pub: Published, dest: Path, sources: Sequence[ChunkSource], *,
           local: Mapping[str, LocalChunk] | None = None) -> Moved:  # fmt: skip
     """Write `pub`'s files into `dest` (which must not hold them yet) and its manifest."""
     moved = Moved(logical_bytes=pub.logical_bytes())
+    good = list(sources)
     local = local or {}
     size = pub.chunk_size
     dest.mkdir(parents=True, exist_ok=True)
@@ -117,17 +162,39 @@ def fetch(store: ObjectStore, pub: Published, dest: Path, *,
                         os.pwrite(fd, data, i * size)
                         moved.present += 1
                         continue
-                data = store.get(chunk_key(digest))
-                if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
-                    raise TransferError(f"chunk {digest[:12]} from the store is corrupt")
+                src, data = _download(good, name, i * size, length, digest)
                 os.pwrite(fd, data, i * size)
                 moved.moved += 1
                 moved.moved_bytes += length
+                moved.by_source[src] = moved.by_source.get(src, 0) + length
             os.fsync(fd)
         finally:
             os.close(fd)
     (dest / "manifest.json").write_text(json.dumps(pub.manifest))
     return moved
+
+
+def _download(sources: list[ChunkSource], file: str, offset: int, length: int,
+              digest: str) -> tuple[str, bytes]:  # fmt: skip
+    """From the first source that has the chunk right; sources that fail or send a wrong
+    chunk are dropped from `sources` for the rest of the fetch."""
+    why: list[str] = []
+    for src in list(sources):
+        try:
+            data = src.chunk(file, offset, length, digest)
+        except SourceFailed as e:
+            why.append(f"{src.name}: {e}")
+            sources.remove(src)
+            continue
+        if data is None:
+            why.append(f"{src.name}: does not have it")
+            continue
+        if len(data) == length and hashlib.sha256(data).hexdigest() == digest:
+            return src.name, data
+        why.append(f"{src.name}: sent a corrupt chunk")
+        sources.remove(src)
+    raise TransferError(f"chunk {digest[:12]} of {file} could not be fetched ("
+                        + ("; ".join(why) or "no source") + ")")
 
 
 def local_chunks(records: Mapping[Path, ChecksumRecord]) -> dict[str, LocalChunk]:

@@ -17,7 +17,14 @@ import pytest
 from aenv.storage.checksums import CHUNK_SIZE, ChecksumRecord, file_sums
 from aenv.store.objects import FsObjects, ObjectStore, S3Objects
 from aenv.store.published import Compat, chunk_key
-from aenv.store.transfer import TransferError, fetch, local_chunks, publish, published
+from aenv.store.transfer import (
+    StoreChunks,
+    TransferError,
+    fetch,
+    local_chunks,
+    publish,
+    published,
+)
 from tests.support.s3 import moto_s3
 
 MIB = 1 << 20
@@ -81,9 +88,9 @@ def test_publish_sends_each_chunk_once_and_fetch_only_what_the_node_lacks(
 
     pub = published(store, "snap")
     assert pub.files["memory"].chunks == rec_s.files["memory"].chunks
-    cold = fetch(store, pub, tmp_path / "cold")
+    cold = fetch(pub, tmp_path / "cold", [StoreChunks(store)])
     assert (cold.moved, cold.present) == (6, 0)
-    warm = fetch(store, pub, tmp_path / "warm", local=local_chunks({tpl: rec_t}))
+    warm = fetch(pub, tmp_path / "warm", [StoreChunks(store)], local=local_chunks({tpl: rec_t}))
     assert (warm.moved, warm.present) == (2, 4)  # the template's chunks came from disk
     for d in ("cold", "warm"):
         for name in ("memory", "disk"):
@@ -103,7 +110,7 @@ def test_a_corrupt_chunk_in_the_store_is_refused_and_a_changed_file_is_not_publi
     digest = rec.files["memory"].chunks[3]
     store.put(chunk_key(digest), os.urandom(CHUNK_SIZE))
     with pytest.raises(TransferError, match="corrupt"):
-        fetch(store, published(store, "s"), tmp_path / "out")
+        fetch(published(store, "s"), tmp_path / "out", [StoreChunks(store)])
     with open(d / "memory", "r+b") as f:  # changed after its checksums were recorded
         f.seek(7 * CHUNK_SIZE)
         f.write(b"x" * 100)

@@ -74,6 +74,7 @@ from aenv.cluster.placement import (
     PlacementRequest,
     PreferLocal,
 )
+from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_prefix
 from aenv.cluster.view import PrefixView
 from aenv.config import Config
 from aenv.obs import GATEWAY_REQUESTS
@@ -117,6 +118,7 @@ class Gateway:
         self.etcd: Etcd | None = None
         self.members: Members | None = None
         self.bindings: PrefixView[Binding] | None = None
+        self.published: PrefixView[PublishedEntry] | None = None
         self.idem: Idempotency | None = None
         self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
         install_abort_filter()
@@ -140,15 +142,17 @@ class Gateway:
         self.members = Members(self.etcd, self.prefix)
         self.idem = Idempotency(self.etcd, self.prefix)
         self.bindings = PrefixView(self.etcd, f"{self.prefix}bindings/", _parse_binding)
+        self.published = PrefixView(self.etcd, published_prefix(self.prefix), parse_entry)
         try:
             await self.members.start()
             await self.bindings.start()
+            await self.published.start()
         except BaseException:
             await self.close()
             raise
 
     async def close(self) -> None:
-        for view in (self.bindings, self.members):
+        for view in (self.published, self.bindings, self.members):
             if view is not None:
                 await view.stop()
         if self.etcd is not None:
@@ -333,7 +337,8 @@ class Gateway:
             return "no_nodes"
         target = target_of(scope, scope.get("raw_path") or scope["path"].encode())
         headers = self._control_headers(scope)
-        req = _placement_request(body, nodes)
+        assert self.published is not None
+        req = _placement_request(body, nodes, list(self.published.items.values()))
         if req is None:  # not a create any node would make: its answer (400, 404) is ours
             return await self._answer(send, await call(self.pool, nodes[0], "POST", target,
                                                        headers, body))  # fmt: skip
@@ -378,7 +383,12 @@ class Gateway:
         """The node `req` goes to: placed now, or (a retry with an idempotency key) where
         an earlier try placed it. None once an error is sent."""
         assert self.etcd is not None and self.members is not None
-        holders = [n for n in nodes if n.holds(req.template)]
+        # A snapshot any node may fetch (a peer shares it, or the store has it) may go to any
+        # node (holders first: the policy prefers them); a template only where it is.
+        assert self.published is not None
+        fetchable = any(req.template in n.shared for n in nodes) or newest(
+            list(self.published.items.values()), req.template) is not None
+        holders = [] if fetchable else [n for n in nodes if n.holds(req.template)]
         for _ in range(2):
             if claim is not None:
                 b = await placement.binding(self.etcd, self.prefix, req.sandbox_id)
@@ -473,7 +483,8 @@ def _no_nodes() -> dict[str, Any]:
     return {"code": 503, "message": "no node of the cluster is available"}
 
 
-def _placement_request(body: bytes, nodes: list[NodeRecord]) -> PlacementRequest | None:
+def _placement_request(body: bytes, nodes: list[NodeRecord], published: list[PublishedEntry]
+                       ) -> PlacementRequest | None:  # fmt: skip
     """What to place for a create body, or None if no node would make it (bad body,
     unknown template)."""
     try:
@@ -487,6 +498,9 @@ def _placement_request(body: bytes, nodes: list[NodeRecord]) -> PlacementRequest
     if not isinstance(memory, int) or isinstance(memory, bool):
         memory = max((n.memory_of[template] for n in nodes if template in n.memory_of),
                      default=None)  # fmt: skip
+    if memory is None:  # a snapshot no live node holds may still be in the snapshot store
+        entry = newest(published, template)
+        memory = entry.memory_mib if entry is not None else None
     if memory is None:
         return None
     return PlacementRequest(sandbox_id=new_sandbox_id(), memory_mib=memory, template=template)
