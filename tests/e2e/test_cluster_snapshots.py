@@ -1,0 +1,165 @@
+"""Snapshots across the nodes of a cluster (issue 14, items 6 and 7): a real etcd, a loopback
+S3 (moto, through boto3), two real nodes that share no snapshot repository, and a gateway,
+with the unmodified SDK pointed at the gateway alone.
+
+- a create from a snapshot taken on a full node lands on the other node, which fetches it
+  from its peer (range requests; the template's chunks copied from its own files): the
+  files and the running processes of the source are there;
+- every snapshot is published to the store, and one whose node is gone is fetched from the
+  store;
+- a deleted snapshot leaves the catalog.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.support import census
+from tests.support.cluster import Child, gateway, gateway_ready
+from tests.support.etcd import EtcdCluster, etcd_cluster
+from tests.support.host import DATA_DIR
+from tests.support.s3 import moto_s3
+
+from .conftest import API_KEY, NodeProcess, running_node, sdk_pointed_at, stop_node
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+TOKEN = "e2e-cluster-token"
+SLOT_NETWORKS = ("198.19.0.0/18", "198.19.64.0/18")
+BUCKET = "aenv-e2e"
+
+
+@dataclass
+class Cluster:
+    etcd: EtcdCluster
+    prefix: str
+    nodes: list[NodeProcess]
+    gateway: Child
+
+    def get(self, key: str) -> dict | None:  # type: ignore[type-arg]
+        k = base64.b64encode(f"{self.prefix}{key}".encode()).decode()
+        r = httpx.post(self.etcd.endpoints[0] + "/v3/kv/range", json={"key": k}, timeout=5)
+        kvs = r.json().get("kvs", [])
+        return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
+
+    def wait_for(self, key: str, present: bool = True, timeout: float = 120) -> dict | None:  # type: ignore[type-arg]
+        deadline = time.monotonic() + timeout
+        while (v := self.get(key)) is None if present else (v := self.get(key)) is not None:
+            assert time.monotonic() < deadline, f"{key} {'never came' if present else 'stayed'}"
+            time.sleep(0.2)
+        return v
+
+
+def _own_repository(root: Path) -> Path:
+    """A snapshot repository of its own for a node, holding only the base template's
+    snapshot (reflink copies): what another host of the cluster would have. On the data
+    filesystem, as every repository must be (restores clone from it)."""
+    root.mkdir()
+    sid = json.loads((DATA_DIR / "templates" / "base" / "template.json").read_text())[
+        "snapshot_id"]
+    subprocess.run(["cp", "-a", "--reflink=always", str(DATA_DIR / "snapshots" / sid),
+                    str(root / sid)], check=True)  # fmt: skip
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("snapcluster")
+    prefix = f"/s{os.urandom(3).hex()}/"
+    instances = [census.new_instance() for _ in SLOT_NETWORKS]
+    with moto_s3() as s3, etcd_cluster(1) as etcd, contextlib.ExitStack() as stack:
+        boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=BUCKET)
+        for inst in instances:
+            stack.callback(census.release, inst)
+        common = {"AENV_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "AENV_CLUSTER_PREFIX": prefix,
+                  "AENV_CLUSTER_TOKEN": TOKEN, "AENV_STORE_URL": f"s3://{BUCKET}/c",
+                  "AENV_STORE_ENDPOINT_URL": s3.endpoint_url}  # fmt: skip
+        nodes = []
+        for i, (inst, net) in enumerate(zip(instances, SLOT_NETWORKS, strict=True)):
+            (tmp / f"n{i}").mkdir()
+            # n0 holds one sandbox at most: a create beside its first goes to n1.
+            own = {"AENV_MAX_SANDBOXES": "1"}
+            if i == 1:
+                repo = DATA_DIR / f"snapshots-{inst}"
+                stack.callback(shutil.rmtree, repo, ignore_errors=True)
+                own = {"AENV_SNAPSHOTS_DIR": str(_own_repository(repo))}
+            nodes.append(stack.enter_context(running_node(
+                tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
+                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common, **own)))  # fmt: skip
+        gw = gateway(tmp, "gateway", common, API_KEY)
+        gw.start(gateway_ready(gw, len(nodes)))
+        stack.callback(lambda: print(gw.tail(100)))
+        stack.callback(lambda: gw.stop() == 0 or pytest.fail(f"gateway exit:\n{gw.tail()}"))
+        with sdk_pointed_at(gw):  # type: ignore[arg-type]
+            yield Cluster(etcd, prefix, nodes, gw)
+
+
+def _fetched(node: NodeProcess, snapshot_id: str) -> str:
+    lines = [ln for ln in node.log.read_text(errors="replace").splitlines()
+             if f"fetched snapshot {snapshot_id}" in ln]  # fmt: skip
+    assert lines, f"{snapshot_id} was not fetched on this node"
+    return lines[-1]
+
+
+def test_a_snapshot_of_a_full_node_creates_on_its_peer_and_from_the_store_once_it_is_gone(
+    cluster: Cluster,
+) -> None:
+    n0, n1 = cluster.nodes
+    taken: list[str] = []
+    made: list[str] = []
+    try:
+        src = Sandbox.create(timeout=300)
+        made.append(src.sandbox_id)
+        assert cluster.get(f"bindings/{src.sandbox_id}")["node"] == "n0"  # type: ignore[index]
+        src.commands.run("echo one > /home/user/f")
+        src.commands.run("sleep 1000", background=True)
+        one = src.create_snapshot(name="cross-one").snapshot_id
+        taken.append(one)
+
+        # n0 is full: the create goes to n1, which fetches the snapshot from n0.
+        a = Sandbox.create(template="cross-one", timeout=300)
+        made.append(a.sandbox_id)
+        assert cluster.get(f"bindings/{a.sandbox_id}")["node"] == "n1"  # type: ignore[index]
+        assert a.commands.run("cat /home/user/f").stdout == "one\n"
+        # Its memory came too: the process the source ran runs here.
+        assert a.commands.run("grep -lx sleep /proc/[0-9]*/comm").stdout.strip()
+        assert "peer:n0" in _fetched(n1, one) and "store" not in _fetched(n1, one)
+
+        # Every snapshot is published; one whose node is gone comes from the store.
+        src.commands.run("echo two > /home/user/f")
+        two = src.create_snapshot(name="cross-two").snapshot_id
+        taken.append(two)
+        entry = cluster.wait_for(f"published/{two}")
+        assert entry is not None and entry["node"] == "n0" and entry["names"] == ["cross-two"]
+        cluster.wait_for(f"published/{one}")
+        Sandbox.kill(src.sandbox_id)
+        stop_node(n0)
+        deadline = time.monotonic() + 30  # the gateway sees n0 leave
+        while httpx.get(cluster.gateway.origin + "/health", timeout=5).json()["nodes"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        b = Sandbox.create(template="cross-two", timeout=300)
+        made.append(b.sandbox_id)
+        assert b.commands.run("cat /home/user/f").stdout == "two\n"
+        assert "store" in _fetched(n1, two) and "peer" not in _fetched(n1, two)
+        assert a.commands.run("cat /home/user/f").stdout == "one\n"  # still its own
+    finally:
+        for sid in made:
+            with contextlib.suppress(Exception):
+                Sandbox.kill(sid)
+        for sid in taken:  # n0's own: in the shared repository, n0 no longer runs
+            shutil.rmtree(DATA_DIR / "snapshots" / sid, ignore_errors=True)
