@@ -7,7 +7,9 @@ with the unmodified SDK pointed at the gateway alone.
   files and the running processes of the source are there;
 - every snapshot is published to the store, and one whose node is gone is fetched from the
   store;
-- a deleted snapshot leaves the catalog.
+- a published paused sandbox whose node is killed (-9) resumes on the other node with its
+  memory intact (a counter in a running process), and the node that comes back frees its
+  own copy.
 """
 
 from __future__ import annotations
@@ -108,6 +110,64 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield Cluster(etcd, prefix, nodes, gw)
 
 
+def _nodes_seen(cluster: Cluster, n: int, timeout: float = 30) -> float:
+    """Seconds until the gateway sees `n` nodes."""
+    t0 = time.monotonic()
+    while httpx.get(cluster.gateway.origin + "/health", timeout=5).json()["nodes"] != n:
+        assert time.monotonic() - t0 < timeout, f"the gateway never saw {n} nodes"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def _counter(sbx: Sandbox) -> int:
+    return int(sbx.commands.run("cat /dev/shm/c").stdout)
+
+
+def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(
+    cluster: Cluster,
+) -> None:
+    n0, n1 = cluster.nodes
+    sbx = Sandbox.create(timeout=300, metadata={"aenv.publish": "true"})
+    try:
+        assert cluster.get(f"bindings/{sbx.sandbox_id}")["node"] == "n0"  # type: ignore[index]
+        # A counter that lives in memory only (a shell variable, shown in tmpfs).
+        sbx.commands.run("i=0; while true; do i=$((i+1)); echo $i > /dev/shm/c; sleep 0.1; done",
+                         background=True)  # fmt: skip
+        time.sleep(1)
+        before = _counter(sbx)
+        assert before > 0
+        assert sbx.pause() is True
+        entry = cluster.wait_for(f"paused/{sbx.sandbox_id}")
+        assert entry is not None and entry["node"] == "n0" and entry["kind"] == "paused"
+
+        n0.kill9()
+        lost_s = _nodes_seen(cluster, 1)
+        assert lost_s < 10 + 5, f"n0 reported lost after {lost_s:.1f} s"
+        back = Sandbox.connect(sbx.sandbox_id, timeout=300)
+        assert cluster.get(f"bindings/{back.sandbox_id}")["node"] == "n1"  # type: ignore[index]
+        after = _counter(back)
+        assert after >= before  # its memory came: the count goes on from where it was
+        time.sleep(0.5)
+        assert _counter(back) > after  # and the process that counts runs
+        assert cluster.get(f"paused/{sbx.sandbox_id}") is None  # resumed: not resumable twice
+        assert "took over paused sandbox" in n1.log.read_text(errors="replace")
+
+        # n0 comes back: its copy of the sandbox, now n1's, is freed there.
+        n0.start()
+        _nodes_seen(cluster, 2, timeout=120)
+        deadline = time.monotonic() + 30
+        while True:
+            with n0.api() as c:
+                if not c.get("/v2/sandboxes").json():
+                    break
+            assert time.monotonic() < deadline, "n0 kept the sandbox n1 took over"
+            time.sleep(0.2)
+        assert _counter(back) > after
+    finally:
+        with contextlib.suppress(Exception):
+            Sandbox.kill(sbx.sandbox_id)
+
+
 def _fetched(node: NodeProcess, snapshot_id: str) -> str:
     lines = [ln for ln in node.log.read_text(errors="replace").splitlines()
              if f"fetched snapshot {snapshot_id}" in ln]  # fmt: skip
@@ -148,10 +208,7 @@ def test_a_snapshot_of_a_full_node_creates_on_its_peer_and_from_the_store_once_i
         cluster.wait_for(f"published/{one}")
         Sandbox.kill(src.sandbox_id)
         stop_node(n0)
-        deadline = time.monotonic() + 30  # the gateway sees n0 leave
-        while httpx.get(cluster.gateway.origin + "/health", timeout=5).json()["nodes"] != 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        _nodes_seen(cluster, 1)
         b = Sandbox.create(template="cross-two", timeout=300)
         made.append(b.sandbox_id)
         assert b.commands.run("cat /home/user/f").stdout == "two\n"

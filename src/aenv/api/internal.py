@@ -68,6 +68,15 @@ async def signed_files(
     return {"sandboxID": route.sandbox_id}
 
 
+async def take_over_if_moved(request: Request, sandbox_id: str) -> None:
+    """A resume or connect a gateway moved here: the sandbox's published paused state
+    becomes this node's first (cluster/takeover.py)."""
+    if request.headers.get(wire.ADOPT_HEADER) and wire.token_ok(
+            request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+        sharing = _sharing(request)
+        await sharing.takeover.adopt(sandbox_id)
+
+
 def _sharing(request: Request) -> Any:
     sharing = request.app.state.sharing
     if sharing is None:

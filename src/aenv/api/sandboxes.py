@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from aenv.api import query
 from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key
+from aenv.api.internal import take_over_if_moved
 from aenv.api.models import (
     ConnectSandbox,
     Error,
@@ -244,6 +245,7 @@ async def _connect(
 ) -> Sandbox:
     timeout = body.timeout if body and body.timeout is not None else CONNECT_TIMEOUT_S
     memory = not (body and body.memory is False)
+    await take_over_if_moved(request, sandbox_id)
     rec, resumed = await _orch(request).connect(sandbox_id, timeout, memory)
     response.status_code = 201 if resumed else 200
     return _sandbox(request, rec)
@@ -326,6 +328,7 @@ async def resume_sandbox(
     """v1 resume: paused -> running with endAt = now + timeout (default 15 s); 409 if it is
     running."""
     timeout = body.timeout if body and body.timeout is not None else V1_RESUME_TIMEOUT_S
+    await take_over_if_moved(request, sandbox_id)
     rec = await _orch(request).resume(sandbox_id, timeout, body.autoPause if body else None)
     return _sandbox(request, rec)
 

@@ -81,6 +81,7 @@ class NodeMembership:
         if hasattr(orchestrator.runtime, "snapshots"):
             self.sharing = Sharing(cfg, orchestrator, self.etcd, node_name(cfg))
             orchestrator.shared = self.sharing
+            orchestrator.store.on_change.append(self.sharing.changed)
         orchestrator.on_stopped.append(self._last_reconcile)
         orchestrator.store.on_change.append(self.bindings.kick)
 

@@ -158,9 +158,11 @@ def _guard(key: str, revision: int) -> dict[str, object]:
 
 
 async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: PlacementRequest,
-                policy: Placement | None = None) -> NodeRecord:
+                policy: Placement | None = None, *, replacing: int = 0) -> NodeRecord:
     """Choose a node for `req` and commit its binding and reservation, or PlacementFailed.
-    A sandbox id already bound is refused (AlreadyBound): ids are never reused."""
+    A sandbox id already bound is refused (AlreadyBound): ids are never reused. Except
+    `replacing`, the mod revision of its binding as read: a paused sandbox moving to another
+    node (its binding holds nothing), refused if the binding changed since."""
     policy = policy or PreferLocal()
     bkey = binding_key(prefix, req.sandbox_id)
     for _ in range(ATTEMPTS):
@@ -176,7 +178,9 @@ async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: Place
         after = Reservation(sandboxes=now.sandboxes + 1, memory_mib=now.memory_mib + req.memory_mib)
         binding = Binding(node=name, memory_mib=req.memory_mib, template=req.template,
                           pending=True, placed_at=time.time())
-        r = await etcd.txn([_guard(rkey, revision), compare_version(bkey, "EQUAL", 0)],
+        unchanged = compare_mod(bkey, "EQUAL", replacing) if replacing else \
+            compare_version(bkey, "EQUAL", 0)
+        r = await etcd.txn([_guard(rkey, revision), unchanged],
                            [put_op(rkey, after.model_dump_json()),
                             put_op(bkey, binding.model_dump_json())])  # fmt: skip
         if r.succeeded:

@@ -30,6 +30,16 @@ def published_key(prefix: str, snapshot_id: str) -> str:
     return published_prefix(prefix) + snapshot_id
 
 
+def paused_key(prefix: str, sandbox_id: str) -> str:
+    """`<prefix>paused/<sandbox id>`: a paused sandbox's published state (kind "paused"),
+    deleted when it resumes or ends; while it exists the sandbox may resume on any node."""
+    return f"{prefix}paused/{sandbox_id}"
+
+
+def paused_prefix(prefix: str) -> str:
+    return f"{prefix}paused/"
+
+
 def parse_entry(raw: bytes) -> PublishedEntry | None:
     try:
         return PublishedEntry.model_validate_json(raw)

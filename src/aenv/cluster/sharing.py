@@ -33,7 +33,8 @@ from aenv.cluster.membership import NodeRecord, nodes_prefix
 from aenv.cluster.peers import PeerChunks, describe
 from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_key
 from aenv.cluster.published import published_prefix as catalog_prefix
-from aenv.machines.api import RuntimeError_, SnapshotInfo, TemplateNotFound
+from aenv.cluster.takeover import Takeover
+from aenv.machines.api import SnapshotInfo, TemplateNotFound
 from aenv.storage import checksums as sums
 from aenv.storage import lru
 from aenv.storage.extents import tree_usage
@@ -46,12 +47,14 @@ from aenv.tasks import cancel
 if TYPE_CHECKING:
     from aenv.config import Config
     from aenv.orchestrator.service import Orchestrator
+    from aenv.orchestrator.store import SandboxRecord
 
 log = logging.getLogger("aenv.cluster")
 
 PUBLISHED_FILE = "published.json"  # in a snapshot's directory, once it is published
 USED_FILE = "used"  # a fetched copy's last use: this file's mtime
 RETRY_S = 5.0  # a publish that failed (the store out of reach) is tried again after this
+LOOP_PAUSE_S = 0.5
 
 
 class Sharing:
@@ -66,6 +69,9 @@ class Sharing:
         self.store: ObjectStore | None = open_store(
             cfg.store.url, endpoint_url=cfg.store.endpoint_url, region=cfg.store.region)
         self._pending: set[str] = set()
+        self.takeover = Takeover(self)
+        self._paused: set[str] = set()  # paused sandboxes to publish
+        self._ended_check = False  # records changed: entries of ended sandboxes may go
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -102,6 +108,21 @@ class Sharing:
     def taken(self, snap: SnapshotInfo) -> None:
         if self.store is not None:
             self._pending.add(snap.snapshot_id)
+            self._kick.set()
+
+    def paused(self, rec: SandboxRecord) -> None:
+        if self.store is not None and self.takeover.wanted(rec):
+            self._paused.add(rec.sandbox_id)
+            self._kick.set()
+
+    async def resuming(self, sandbox_id: str) -> None:
+        self._paused.discard(sandbox_id)
+        await self.takeover.resuming(sandbox_id)
+
+    def changed(self) -> None:
+        """The node's sandbox records changed (store.on_change)."""
+        if self.store is not None:
+            self._ended_check = True
             self._kick.set()
 
     def deleted(self, snapshot_id: str) -> None:
@@ -170,7 +191,7 @@ class Sharing:
         try:
             kernel, tools = compat.local_files(self.cfg, pub.compat, self.accel())
         except compat.Incompatible as e:
-            raise SnapshotIncompatible(
+            raise compat.Incompatible(
                 f"snapshot {pub.snapshot_id} cannot restore on node {self.node}: {e}") from None
         data = sum(sum(1 for c in f.chunks if c != sums.ZERO) for f in pub.files.values())
         self.orch._admit_space((data * pub.chunk_size) >> 20, "fetch a snapshot")
@@ -243,6 +264,22 @@ class Sharing:
             await self._kick.wait()
             self._kick.clear()
             failed = False
+            for sid in sorted(self._paused):
+                try:
+                    await self.takeover.publish(sid)
+                    self._paused.discard(sid)
+                except (ObjectStoreError, EtcdError, OSError, transfer.TransferError) as e:
+                    log.warning("publishing paused sandbox %s: %s (tried again)", sid, e)
+                    failed = True
+                except Exception as e:  # its paused state went meanwhile (resumed, killed)
+                    log.info("paused sandbox %s not published: %s", sid, e)
+                    self._paused.discard(sid)
+            if self._ended_check:
+                self._ended_check = False
+                try:
+                    await self.takeover.ended_ones()
+                except EtcdError:
+                    self._ended_check = failed = True
             for sid in sorted(self._pending):
                 try:
                     await self.publish(sid)
@@ -254,6 +291,7 @@ class Sharing:
                     failed = True
             if failed:
                 self._spawn(self._kick_later())
+            await asyncio.sleep(LOOP_PAUSE_S)  # a burst of changes is one round
 
     async def _kick_later(self) -> None:
         await asyncio.sleep(RETRY_S)
@@ -326,12 +364,6 @@ class Sharing:
         t = asyncio.get_running_loop().create_task(work)
         self._background.add(t)
         t.add_done_callback(self._background.discard)
-
-
-class SnapshotIncompatible(RuntimeError_):
-    """A snapshot of the cluster that cannot restore on this node."""
-
-    status = 409
 
 
 def shared_names(snaps: Iterable[SnapshotInfo]) -> list[str]:

@@ -15,6 +15,9 @@ EXISTING_HEADER = "x-aenv-existing-only"
 # On a list answered to a gateway: each item's keyset cursor, comma-separated, so that the
 # gateway can merge the nodes' pages in one order and hand out a cursor that stays stable.
 CURSORS_HEADER = "x-aenv-cursors"
+# On a resume or connect: the gateway moved this paused sandbox here (its node is lost or
+# draining); the node takes its published paused state over first (cluster/takeover.py).
+ADOPT_HEADER = "x-aenv-adopt"
 INTERNAL_PREFIX = "/cluster/v1"
 # The origin the client called, on requests a gateway forwards: URLs a node hands out
 # (a build's upload URL) must point at the gateway, not at the node.

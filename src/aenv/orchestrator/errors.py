@@ -60,3 +60,9 @@ class SpaceExhausted(OrchestratorError):
 
 class ShuttingDown(OrchestratorError):
     status = 503
+
+
+class Unavailable(OrchestratorError):
+    """What the call needs is out of reach for now (the cluster's etcd): retryable."""
+
+    status = 503

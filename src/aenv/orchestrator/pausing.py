@@ -65,6 +65,8 @@ class Pausing:
         fault("pause.before_record")
         self.store.transition(sid, [S.PAUSING], S.PAUSED, self.now_us(), slot_addr=None,
                               vmm_pid=None)  # fmt: skip
+        if self.shared is not None:
+            self.shared.paused(rec)
         OPS_TOTAL.labels("pause", reason).inc()
         log_event(log, "sandbox.paused", sandbox_id=sid, reason=reason, mode=mode,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
@@ -105,6 +107,8 @@ class Pausing:
         sid = rec.sandbox_id
         reboot = not memory or rec.pause_mode == "filesystem"
         self._admit(rec.memory_mib, "resume a sandbox", boot=reboot, new=False)
+        if self.shared is not None:
+            await self.shared.resuming(sid)
         if not self.store.transition(sid, [S.PAUSED], S.RESUMING, self.now_us()):
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
         t0 = time.perf_counter()

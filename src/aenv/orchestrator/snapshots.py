@@ -8,10 +8,13 @@ import re
 import secrets
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aenv.machines.api import SnapshotInfo, TemplateNotFound
 from aenv.orchestrator.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from aenv.orchestrator.store import SandboxRecord
 
 # E2B names look like `my-snapshot`, `team/my-snapshot` or `my-snapshot:v1`.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
@@ -31,6 +34,13 @@ class Shared(Protocol):
 
     def deleted(self, snapshot_id: str) -> None:
         """A snapshot of this node was deleted (its publication goes too)."""
+
+    def paused(self, rec: SandboxRecord) -> None:
+        """A sandbox paused here (its paused state may be published)."""
+
+    async def resuming(self, sandbox_id: str) -> None:
+        """A paused sandbox is about to resume here: its published paused state, if any,
+        stops being resumable elsewhere first (Unavailable if that cannot be said)."""
 
 
 def new_snapshot_id() -> str:

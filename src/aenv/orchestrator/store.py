@@ -237,9 +237,12 @@ class Store:
 
     # -- records ---------------------------------------------------------------------------
 
-    def insert(self, rec: SandboxRecord) -> None:
-        if rec.state is not SandboxState.CREATING:
-            raise ValueError("a new record starts in Creating")
+    def insert(self, rec: SandboxRecord, *, taken_over: bool = False) -> None:
+        """A new sandbox, in Creating; or (`taken_over`) a paused sandbox another node
+        published, whose paused state this node now holds, in Paused."""
+        start = SandboxState.PAUSED if taken_over else SandboxState.CREATING
+        if rec.state is not start:
+            raise ValueError(f"a new record starts in {start}")
         cols = ", ".join(_COLUMNS)
         marks = ", ".join("?" * len(_COLUMNS))
         with self.db:

@@ -15,14 +15,17 @@ import subprocess
 from pathlib import Path
 
 from aenv.config import Config
+from aenv.machines.api import RuntimeError_
 from aenv.store.published import Compat
 
 TOOLS_FILE = "tools.ext4"  # artifacts/tools/<key>/tools.ext4 (storage/tools.py)
 KERNEL_FILE = "bzImage"  # artifacts/kernel/<key>/bzImage (storage/kernel.py)
 
 
-class Incompatible(Exception):
+class Incompatible(RuntimeError_):
     """The snapshot cannot restore on this node; the message says why."""
+
+    status = 409
 
 
 @functools.cache

@@ -3,6 +3,7 @@
     chunks/<sha256>             one 4 MiB chunk of any file of any snapshot, by content
     snapshots/<id>.json         a `Published`: its files as chunk lists, its manifest,
                                 and what a node must match to restore it
+    paused/<sandbox id>.json    the same for a paused sandbox's state, with its record
 
 A chunk is stored once however many snapshots (a template and everything made from it)
 hold it. A manifest is written after every chunk it names, so a manifest in the store is
@@ -25,6 +26,10 @@ def chunk_key(digest: str) -> str:
 
 def manifest_key(snapshot_id: str) -> str:
     return f"snapshots/{snapshot_id}.json"
+
+
+def paused_key(sandbox_id: str) -> str:
+    return f"paused/{sandbox_id}.json"
 
 
 class Compat(BaseModel, frozen=True):
@@ -63,6 +68,9 @@ class Published(BaseModel, frozen=True):
     # What a create from it takes from the template it was made from (envd version, env,
     # user, workdir): a node that lacks that template still gives its sandboxes the same.
     origin: dict[str, Any] = Field(default_factory=dict)
+    # A paused sandbox's record (its settings, metadata, token): the node that resumes it
+    # elsewhere takes it over as it was.
+    sandbox: dict[str, Any] = Field(default_factory=dict)
     published_at: float = Field(default_factory=time.time)
 
     def logical_bytes(self) -> int:

@@ -27,7 +27,14 @@ from typing import Protocol
 
 from aenv.storage.checksums import ZERO, ChecksumRecord
 from aenv.store.objects import ObjectNotFound, ObjectStore, ObjectStoreError
-from aenv.store.published import Compat, Published, PublishedFile, chunk_key, manifest_key
+from aenv.store.published import (
+    Compat,
+    Published,
+    PublishedFile,
+    chunk_key,
+    manifest_key,
+    paused_key,
+)
 
 
 class TransferError(Exception):
@@ -87,7 +94,8 @@ class LocalChunk:
 
 def describe(snapshot_dir: Path, record: ChecksumRecord, *, kind: str = "snapshot",
              compat: Compat | None = None, manifest: Mapping[str, object] | None = None,
-             origin: Mapping[str, object] | None = None) -> Published:  # fmt: skip
+             origin: Mapping[str, object] | None = None,
+             sandbox: Mapping[str, object] | None = None) -> Published:  # fmt: skip
     """The `Published` of a snapshot on disk, from its checksum record."""
     if manifest is None:
         path = snapshot_dir / "manifest.json"
@@ -96,15 +104,19 @@ def describe(snapshot_dir: Path, record: ChecksumRecord, *, kind: str = "snapsho
              for name, sums in record.files.items()}  # fmt: skip
     return Published(snapshot_id=record.snapshot_id, kind=kind,  # type: ignore[arg-type]
                      chunk_size=record.chunk_size, files=files, manifest=dict(manifest),
-                     compat=compat or Compat(), origin=dict(origin or {}))  # fmt: skip
+                     compat=compat or Compat(), origin=dict(origin or {}),
+                     sandbox=dict(sandbox or {}))  # fmt: skip
 
 
 def publish(store: ObjectStore, snapshot_dir: Path, record: ChecksumRecord, *,
             kind: str = "snapshot", compat: Compat | None = None,
             manifest: Mapping[str, object] | None = None,
-            origin: Mapping[str, object] | None = None) -> Moved:  # fmt: skip
+            origin: Mapping[str, object] | None = None,
+            sandbox: Mapping[str, object] | None = None) -> Moved:  # fmt: skip
+    """Send what the store lacks of the snapshot, then its `Published` (a paused sandbox's,
+    `kind` "paused", under `paused_key`)."""
     pub = describe(snapshot_dir, record, kind=kind, compat=compat, manifest=manifest,
-                   origin=origin)  # fmt: skip
+                   origin=origin, sandbox=sandbox)  # fmt: skip
     moved = Moved()
     size = record.chunk_size
     sent: set[str] = set()
@@ -129,12 +141,14 @@ def publish(store: ObjectStore, snapshot_dir: Path, record: ChecksumRecord, *,
                 sent.add(digest)
                 moved.moved += 1
                 moved.moved_bytes += length
-    store.put(manifest_key(record.snapshot_id), pub.model_dump_json().encode())
+    key = paused_key(record.snapshot_id) if kind == "paused" else manifest_key(record.snapshot_id)
+    store.put(key, pub.model_dump_json().encode())
     return moved
 
 
-def published(store: ObjectStore, snapshot_id: str) -> Published:
-    return Published.model_validate_json(store.get(manifest_key(snapshot_id)))
+def published(store: ObjectStore, snapshot_id: str, *, paused: bool = False) -> Published:
+    key = paused_key(snapshot_id) if paused else manifest_key(snapshot_id)
+    return Published.model_validate_json(store.get(key))
 
 
 def fetch(pub: Published, dest: Path, sources: Sequence[ChunkSource], *,

@@ -74,7 +74,13 @@ from aenv.cluster.placement import (
     PlacementRequest,
     PreferLocal,
 )
-from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_prefix
+from aenv.cluster.published import (
+    PublishedEntry,
+    newest,
+    parse_entry,
+    paused_key,
+    published_prefix,
+)
 from aenv.cluster.view import PrefixView
 from aenv.config import Config
 from aenv.obs import GATEWAY_REQUESTS
@@ -189,10 +195,18 @@ class Gateway:
             return "not_found"
         if isinstance(r, routing.OneSandbox):
             node = await self._owner(r.sandbox_id)
+            headers = self._control_headers(scope)
+            if r.resume and (node is None or node.draining):
+                moved = await self._move_paused(send, r.sandbox_id)
+                if moved is False:
+                    return "not_placed"
+                if moved is not None:
+                    node = moved
+                    headers.append((wire.ADOPT_HEADER.encode(), b"1"))
             if node is None:
                 await send_json(send, 404, _no_sandbox(r.sandbox_id))
                 return "not_found"
-            return await self._relay(scope, receive, send, node, self._control_headers(scope))
+            return await self._relay(scope, receive, send, node, headers)
         if isinstance(r, routing.Create):
             return await self._create(scope, receive, send)
         if isinstance(r, routing.Listing):
@@ -417,6 +431,33 @@ class Gateway:
                 if claim is None:
                     raise
         raise EtcdError(f"sandbox {req.sandbox_id}: placed and unplaced at once")
+
+    async def _move_paused(self, send: Any, sandbox_id: str) -> NodeRecord | None | bool:
+        """A paused sandbox whose node is lost or draining, with its paused state published:
+        bound to another node now (one etcd transaction, as a placement), which takes it over
+        on the resume. None if it cannot move (not published, or it runs); False once an
+        error is sent (no node has room)."""
+        assert self.etcd is not None and self.members is not None
+        entry = parse_entry(kv.value) if (kv := await self.etcd.get(
+            paused_key(self.prefix, sandbox_id))) is not None else None  # fmt: skip
+        if entry is None:
+            return None
+        bkv = await self.etcd.get(placement.binding_key(self.prefix, sandbox_id))
+        old = _parse_binding(bkv.value) if bkv is not None else None
+        if old is not None and old.holds:
+            return None  # it runs (or starts) somewhere: not a paused sandbox to move
+        nodes = [n for n in self._nodes() if old is None or n.name != old.node]
+        req = PlacementRequest(sandbox_id=sandbox_id, memory_mib=entry.memory_mib)
+        try:
+            return await placement.place(self.etcd, self.prefix, nodes, req, self.policy,
+                                         replacing=bkv.mod_revision if bkv else 0)  # fmt: skip
+        except PlacementFailed as e:
+            await send_json(send, 429, {"code": 429, "message": str(e)},
+                            [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
+            return False
+        except AlreadyBound:  # another gateway moved it meanwhile: where to, it says
+            b = await placement.binding(self.etcd, self.prefix, sandbox_id)
+            return self.members.nodes.get(b.node) if b is not None else None
 
     async def _give_back(self, sandbox_id: str, claim: tuple[str, Claim] | None) -> None:
         """A create that failed: its reservation, and its idempotency key (a retry is then a

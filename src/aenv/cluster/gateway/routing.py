@@ -24,6 +24,7 @@ from aenv.api.proxy import Target, match_target
 
 _SANDBOX = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)(?:/.*)?$")
 _TEMPLATE = re.compile(r"^/(?:v2/)?templates/(.+?)(?:/(?:builds|files|tags)(?:/.*)?)?$")
+_RESUMES = ("/resume", "/connect")
 _SNAPSHOT_FORK = re.compile(r"^/snapshots/([^/]+)/fork$")
 
 
@@ -35,6 +36,7 @@ class Data:
 @dataclass(frozen=True, slots=True)
 class OneSandbox:
     sandbox_id: str
+    resume: bool = False  # a resume or connect: a paused sandbox may move to another node
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,7 @@ def route(scope: dict[str, Any], domain: bytes | None) -> Route:
     if method == "POST" and path in ("/sandboxes", "/v2/sandboxes"):
         return Create()
     if m := _SANDBOX.match(path):
-        return OneSandbox(m.group(1))
+        return OneSandbox(m.group(1), method == "POST" and path.endswith(_RESUMES))
     if path in ("/health", "/metrics") and method == "GET":
         return Own("health" if path == "/health" else "metrics")
     if m := _SNAPSHOT_FORK.match(path):
