@@ -185,7 +185,8 @@ async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: Place
                             put_op(bkey, binding.model_dump_json())])  # fmt: skip
         if r.succeeded:
             return chosen.record
-        if (kv := await etcd.get(bkey)) is not None:
+        kv = await etcd.get(bkey)
+        if kv is not None and not (replacing and kv.mod_revision == replacing):
             if kv.value == binding.model_dump_json().encode():
                 return chosen.record  # ours: applied by a try the client retried
             raise AlreadyBound(f"sandbox {req.sandbox_id} is already bound")

@@ -15,6 +15,7 @@ import pytest
 from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.membership import Capacity, NodeRecord
 from aenv.cluster.placement import (
+    AlreadyBound,
     PlacementFailed,
     PlacementRequest,
     PreferLocal,
@@ -92,3 +93,30 @@ async def test_release_gives_the_room_back_and_ids_are_never_bound_twice(
     assert await release(etcd, prefix, "first") is True
     assert await release(etcd, prefix, "first") is False
     assert (await place(etcd, prefix, nodes, PlacementRequest("second", 512))).name == "solo"
+
+
+async def test_a_paused_sandbox_moves_once_however_many_gateways_move_it(
+    clients: list[Etcd],
+) -> None:
+    """The move of a paused sandbox to another node (its own lost) replaces its binding as
+    read: of several gateways moving it at once, one wins and the others see where to."""
+    prefix = _prefix()
+    await place(clients[0], prefix, [_node("old", 5, 10_000)], PlacementRequest("sbx", 512))
+    kv = await clients[0].get(f"{prefix}bindings/sbx")
+    assert kv is not None
+    nodes = [_node("a", 5, 10_000), _node("b", 5, 10_000)]
+
+    async def move(i: int) -> str:
+        try:
+            return (await place(clients[i], prefix, nodes, PlacementRequest("sbx", 512),
+                                replacing=kv.mod_revision)).name  # fmt: skip
+        except AlreadyBound:
+            return "lost"
+
+    got = await asyncio.gather(*(move(i) for i in range(3)))
+    b = await binding(clients[0], prefix, "sbx")
+    assert b is not None and b.node in ("a", "b")
+    assert sorted(got).count("lost") == 2 and b.node in got
+    with pytest.raises(AlreadyBound):  # the binding as read is gone
+        await place(clients[0], prefix, nodes, PlacementRequest("sbx", 512),
+                    replacing=kv.mod_revision)  # fmt: skip
