@@ -16,7 +16,11 @@ Run after `make setup` (Debian's etcd-server; the gateway rows boot VMs: root):
   `commands.run("true")`) and a proxied HTTP request (the agent's `GET /health`), as p50
   ratios; then proxied requests per second, through the gateway and direct (wrk).
 
-Snapshot transfer rows come with the snapshot store. Nothing is asserted.
+- snapshot transfer (bench/transfer_rows.py): a real snapshot published to a loopback S3
+  (moto) and fetched back, and fetched from its node as a peer; throughput over its logical
+  size, and the bytes that moved (zero chunks never do).
+
+Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 from node import Node, free_port, interleaved, pct, rps  # bench/node.py
+from transfer_rows import transfer_rows
 
 from aenv.cluster.etcd import Etcd, TxnResult
 from aenv.cluster.membership import Capacity, Members, NodeRecord, Registration
@@ -121,7 +126,8 @@ async def _lost_node(endpoints: list[str], ttl: int, runs: int) -> dict[str, str
             f"p50 {pct(delays, 50):.2f} s, max {max(delays):.2f} s over {runs} runs"}
 
 
-def _gateway(endpoints: list[str], runs: int, seconds: int) -> dict[str, str]:
+def _gateway(endpoints: list[str], runs: int, seconds: int, transfers: bool
+             ) -> dict[str, str]:  # fmt: skip
     import subprocess
     import tempfile
 
@@ -193,6 +199,8 @@ def _gateway(endpoints: list[str], runs: int, seconds: int) -> dict[str, str]:
             r_d, _ = rps(node.origin + "/health", seconds, {"E2b-Sandbox-Id": sid})
             rows[f"proxied req/s, gateway / direct ({how})"] = f"{r_g:.0f} / {r_d:.0f}"
             g.delete(f"/sandboxes/{sid}")
+            if transfers:
+                rows.update(transfer_rows(g, node.origin, env["AENV_CLUSTER_TOKEN"]))
     finally:
         gw.terminate()
         gw.wait(30)
@@ -213,12 +221,14 @@ def main() -> None:
     ap.add_argument("--lost-runs", type=int, default=3)
     ap.add_argument("--gateway-runs", type=int, default=30, help="0: no gateway rows")
     ap.add_argument("--seconds", type=int, default=5, help="each req/s measurement")
+    ap.add_argument("--no-transfer", action="store_true", help="no snapshot transfer rows")
     args = ap.parse_args()
     with etcd_cluster(1) as c:
         rows = asyncio.run(_placements(c.endpoints, args.n, args.placers))
         rows.update(asyncio.run(_lost_node(c.endpoints, args.ttl, args.lost_runs)))
         if args.gateway_runs:
-            rows.update(_gateway(c.endpoints, args.gateway_runs, args.seconds))
+            rows.update(_gateway(c.endpoints, args.gateway_runs, args.seconds,
+                                 not args.no_transfer))
     print()
     for k, v in rows.items():
         print(f"{k:<52} {v}")
