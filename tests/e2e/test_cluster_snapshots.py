@@ -9,7 +9,9 @@ with the unmodified SDK pointed at the gateway alone.
   store;
 - a published paused sandbox whose node is killed (-9) resumes on the other node with its
   memory intact (a counter in a running process), and the node that comes back frees its
-  own copy.
+  own copy;
+- a fork of a sandbox on a full node starts its children on the other node, from the fork's
+  snapshot fetched there, each a sandbox of its own with the source's files and processes.
 """
 
 from __future__ import annotations
@@ -166,6 +168,36 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
     finally:
         with contextlib.suppress(Exception):
             Sandbox.kill(sbx.sandbox_id)
+
+
+def test_a_fork_on_a_full_node_starts_its_children_on_another(cluster: Cluster) -> None:
+    src = Sandbox.create(timeout=300)
+    kids: list[str] = []
+    try:
+        assert cluster.get(f"bindings/{src.sandbox_id}")["node"] == "n0"  # type: ignore[index]
+        src.commands.run("echo forked > /home/user/f")
+        src.commands.run("sleep 1000", background=True)
+        with httpx.Client(base_url=cluster.gateway.origin, headers={"X-API-Key": API_KEY},
+                          timeout=300) as c:  # fmt: skip
+            r = c.post(f"/sandboxes/{src.sandbox_id}/fork", json={"count": 2})
+        assert r.status_code == 201, r.text
+        got = r.json()
+        kids = [e["sandbox"]["sandboxID"] for e in got if "sandbox" in e]
+        assert len(kids) == 2, got
+        deadline = time.monotonic() + 10  # bound by their node's next bindings round
+        while any((cluster.get(f"bindings/{k}") or {}).get("node") != "n1" for k in kids):
+            assert time.monotonic() < deadline, "the children were not bound to n1"
+            time.sleep(0.1)
+        for k in kids:
+            child = Sandbox.connect(k, timeout=300)
+            assert child.commands.run("cat /home/user/f").stdout == "forked\n"
+            assert child.commands.run("grep -lx sleep /proc/[0-9]*/comm").stdout.strip()
+            child.commands.run(f"echo {k} > /home/user/f")  # each child is its own
+        assert src.commands.run("cat /home/user/f").stdout == "forked\n"
+    finally:
+        for sid in [src.sandbox_id, *kids]:
+            with contextlib.suppress(Exception):
+                Sandbox.kill(sid)
 
 
 def _fetched(node: NodeProcess, snapshot_id: str) -> str:

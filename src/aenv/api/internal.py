@@ -24,6 +24,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, Response
 
 from aenv.api.apierror import ApiError
+from aenv.api.sandboxes import fork_results
+from aenv.api.takeover import sharing_of
 from aenv.cluster import wire
 from aenv.machines.api import TemplateNotFound
 from aenv.orchestrator.states import PUBLIC_STATE
@@ -68,25 +70,9 @@ async def signed_files(
     return {"sandboxID": route.sandbox_id}
 
 
-async def take_over_if_moved(request: Request, sandbox_id: str) -> None:
-    """A resume or connect a gateway moved here: the sandbox's published paused state
-    becomes this node's first (cluster/takeover.py)."""
-    if request.headers.get(wire.ADOPT_HEADER) and wire.token_ok(
-            request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
-        sharing = _sharing(request)
-        await sharing.takeover.adopt(sandbox_id)
-
-
-def _sharing(request: Request) -> Any:
-    sharing = request.app.state.sharing
-    if sharing is None:
-        raise ApiError(404, "this node shares no snapshots")
-    return sharing
-
-
 @router.get("/snapshots/{name:path}")
 async def snapshot_doc(request: Request, name: str) -> Response:
-    sharing = _sharing(request)
+    sharing = sharing_of(request)
     try:
         pub = await asyncio.to_thread(sharing.describe, name)
     except (TemplateNotFound, SnapshotNotFound, SnapshotCorrupt):
@@ -96,7 +82,7 @@ async def snapshot_doc(request: Request, name: str) -> Response:
 
 @router.get("/snapshot-files/{snapshot_id}/{file}")
 async def snapshot_file(request: Request, snapshot_id: str, file: str) -> FileResponse:
-    sharing = _sharing(request)
+    sharing = sharing_of(request)
     try:
         man = sharing.snapshots.get(snapshot_id)
     except (SnapshotNotFound, SnapshotCorrupt):
@@ -105,3 +91,17 @@ async def snapshot_file(request: Request, snapshot_id: str, file: str) -> FileRe
         raise ApiError(404, f"snapshot {snapshot_id!r} has no file {file!r}")
     return FileResponse(sharing.snapshots.path(snapshot_id) / file,
                         media_type="application/octet-stream")
+
+
+@router.post("/fork-children")
+async def fork_children(request: Request) -> Any:
+    """Children of a fork on another node that lacked room for them: their records and the
+    fork's snapshot (fetched from that node) are here; one entry each, as a fork's."""
+    body = await request.json()
+    try:
+        snapshot, source = str(body["snapshot"]), body["source"]
+        name, url, kids = str(source["node"]), str(source["url"]), list(body["children"])
+    except (KeyError, TypeError, ValueError):
+        raise ApiError(400, "expected {snapshot, source: {node, url}, children: [...]}") from None
+    results = await sharing_of(request).forks.here(snapshot, name, url, kids)
+    return fork_results(request, results)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
@@ -11,7 +12,6 @@ from fastapi.responses import JSONResponse
 from aenv.api import query
 from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key
-from aenv.api.internal import take_over_if_moved
 from aenv.api.models import (
     ConnectSandbox,
     Error,
@@ -28,6 +28,7 @@ from aenv.api.models import (
     SandboxRefresh,
     SandboxTimeout,
 )
+from aenv.api.takeover import take_over_if_moved
 from aenv.cluster import wire
 from aenv.orchestrator.errors import Unsupported
 from aenv.orchestrator.service import CreateRequest, Orchestrator
@@ -348,12 +349,15 @@ async def fork_sandbox(
     return fork_results(request, results)
 
 
-def fork_results(request: Request, results: list[SandboxRecord | BaseException]
-                 ) -> JSONResponse:
+def fork_results(request: Request,
+                 results: Sequence[SandboxRecord | BaseException | dict[str, object]]
+                 ) -> JSONResponse:  # fmt: skip
     """201 with one `{sandbox}` or `{error: {code, message}}` per child."""
     out: list[dict[str, object]] = []
     for r in results:
-        if isinstance(r, BaseException):
+        if isinstance(r, dict):  # a child another node started, as it answered
+            out.append(r)
+        elif isinstance(r, BaseException):
             status = int(getattr(r, "status", 500))
             out.append({"error": {"code": status, "message": str(r) or type(r).__name__}})
         else:

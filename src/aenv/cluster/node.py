@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 import aenv
 from aenv.cluster.bindings import Held, NodeBindings
 from aenv.cluster.etcd import Etcd, EtcdError
+from aenv.cluster.identity import node_name, node_url
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
 from aenv.cluster.sharing import Sharing, shared_names
 from aenv.machines.hot import memory_budget_mib
@@ -45,19 +45,6 @@ def drain_key(prefix: str, node: str) -> str:
 if TYPE_CHECKING:
     from aenv.config import Config
     from aenv.orchestrator.service import Orchestrator
-
-
-def node_name(cfg: Config) -> str:
-    return cfg.cluster.node_name or f"{socket.gethostname()}-{cfg.instance}"
-
-
-def node_url(cfg: Config) -> str:
-    if cfg.cluster.node_url:
-        return cfg.cluster.node_url.rstrip("/")
-    if cfg.public_url:
-        return cfg.public_url.rstrip("/")
-    host = socket.gethostname() if cfg.host in ("0.0.0.0", "::") else cfg.host
-    return f"http://{host}:{cfg.port}"
 
 
 class NodeMembership:

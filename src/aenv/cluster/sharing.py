@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from aenv.cluster.etcd import Etcd, EtcdError
+from aenv.cluster.forks import Forks
 from aenv.cluster.membership import NodeRecord, nodes_prefix
 from aenv.cluster.peers import PeerChunks, describe
 from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_key
 from aenv.cluster.published import published_prefix as catalog_prefix
 from aenv.cluster.takeover import Takeover
 from aenv.machines.api import SnapshotInfo, TemplateNotFound
+from aenv.machines.machine import FORK_PREFIX
 from aenv.storage import checksums as sums
 from aenv.storage import lru
 from aenv.storage.extents import tree_usage
@@ -70,6 +72,7 @@ class Sharing:
             cfg.store.url, endpoint_url=cfg.store.endpoint_url, region=cfg.store.region)
         self._pending: set[str] = set()
         self.takeover = Takeover(self)
+        self.forks = Forks(self)
         self._paused: set[str] = set()  # paused sandboxes to publish
         self._ended_check = False  # records changed: entries of ended sandboxes may go
         self._kick = asyncio.Event()
@@ -162,7 +165,7 @@ class Sharing:
         sid = pub.snapshot_id
         if self._have(sid):
             return sid
-        sources = [p for p in peers if sid in p.snapshots or sid in p.cached]
+        sources = [(p.name, p.url) for p in peers if sid in p.snapshots or sid in p.cached]
         await self._fetch(pub, sources, from_store=entry is not None)
         return sid
 
@@ -187,7 +190,9 @@ class Sharing:
 
     # -- fetch -------------------------------------------------------------------------------
 
-    async def _fetch(self, pub: Published, peers: list[NodeRecord], *, from_store: bool) -> None:
+    async def _fetch(self, pub: Published, peers: list[tuple[str, str]], *,
+                     from_store: bool) -> None:  # fmt: skip
+        """Into this node's repository, from `peers` (name, url) and then the store."""
         try:
             kernel, tools = compat.local_files(self.cfg, pub.compat, self.accel())
         except compat.Incompatible as e:
@@ -198,8 +203,8 @@ class Sharing:
         t0 = time.perf_counter()
         with httpx.Client() as client:
             sources: list[transfer.ChunkSource] = [
-                PeerChunks(p.name, p.url, pub.snapshot_id, self.cfg.cluster.token, client)
-                for p in peers]  # fmt: skip
+                PeerChunks(name, url, pub.snapshot_id, self.cfg.cluster.token, client)
+                for name, url in peers]  # fmt: skip
             if from_store and self.store is not None:
                 sources.append(transfer.StoreChunks(self.store))
             moved = await asyncio.to_thread(self._adopt, pub, sources, kernel, tools)
@@ -321,12 +326,24 @@ class Sharing:
         return moved
 
     def describe(self, name: str) -> Published:
-        """What this node holds as `name` (its own or a fetched copy), for a peer."""
+        """What this node holds as `name` (its own or a fetched copy, or a fork's snapshot
+        while the fork lasts), for a peer."""
+        if name.startswith(FORK_PREFIX):  # transient: no checksum record of its own
+            man = self.snapshots.get(name)
+            d = self.snapshots.path(name)
+            record = sums.ChecksumRecord(
+                snapshot_id=name, created_at=man.created_at,
+                files={f: sums.file_sums(d / f) for f in man.files})  # fmt: skip
+            return transfer.describe(d, record, compat=self._compat(man))
         snap = self.orch.find_snapshot(name, fetched=True)  # TemplateNotFound
         man = self.snapshots.get(snap.snapshot_id)
         return transfer.describe(self.snapshots.path(snap.snapshot_id),
                                  self._record(snap.snapshot_id), compat=self._compat(man),
                                  origin=self._origin(snap.snapshot_id))  # fmt: skip
+
+    async def fork_elsewhere(self, snapshot_id: str, kids: list[SandboxRecord]
+                             ) -> list[object]:  # fmt: skip
+        return await self.forks.elsewhere(snapshot_id, kids)
 
     def _publish_files(self, snapshot_id: str, man: Manifest
                        ) -> tuple[transfer.Moved, Published]:  # fmt: skip

@@ -7,9 +7,9 @@ state machine depend only on this protocol.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aenv.config import MachineShape
 from aenv.network.egress import EgressPolicy
@@ -194,10 +194,13 @@ class Runtime(Protocol):
         reflinked files). Raise TemplateNotFound if there is none."""
 
     async def fork(
-        self, sandbox_id: str, children: list[tuple[str, AgentInit]]
-    ) -> list[SandboxHandle | BaseException]:
+        self, sandbox_id: str, children: list[tuple[str, AgentInit]], *,
+        elsewhere: Callable[[str], Awaitable[list[Any]]] | None = None,
+    ) -> list[Any]:
         """Snapshot the sandbox (running: it keeps running; paused: from its paused state)
-        and start one child per entry."""
+        and start one child per entry: one handle or error each. `elsewhere`, given the
+        snapshot's id, starts more children on other nodes while it exists; its results
+        follow."""
 
     async def create_children(self, snapshot_id: str, children: list[tuple[str, AgentInit]]
                               ) -> list[SandboxHandle | BaseException]:

@@ -11,7 +11,9 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aenv.config import MachineShape
 from aenv.faults import fault
@@ -284,8 +286,9 @@ class Cloning:
                                      Path(man.kernel), Path(man.tools), man.cmdline,
                                      keep_dir=False)  # fmt: skip
 
-    async def fork(self, name: str, children: list[tuple[str, AgentInit]]
-                   ) -> list[SandboxHandle | BaseException]:
+    async def fork(self, name: str, children: list[tuple[str, AgentInit]], *,
+                   elsewhere: Callable[[str], Awaitable[list[Any]]] | None = None,
+                   ) -> list[Any]:
         """Snapshot `name` and restore one child per entry, each with its own identity,
         token, env and entropy. A running sandbox keeps running; a paused one (hot or cold)
         is forked from its paused state on disk and stays paused."""
@@ -298,7 +301,11 @@ class Cloning:
             await asyncio.to_thread(self._snapshot_paused, name, snap_id)
         fault("fork.after_snapshot")
         try:
-            return await self.create_children(snap_id, children)
+            if elsewhere is None:
+                return await self.create_children(snap_id, children)
+            here, away = await asyncio.gather(self.create_children(snap_id, children),
+                                              elsewhere(snap_id))  # fmt: skip
+            return [*here, *away]
         finally:
             # Children hold reflinked copies: the fork snapshot itself is not kept.
             with contextlib.suppress(SnapshotNotFound):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from aenv.config import MachineShape
 from aenv.machines.api import (
@@ -196,10 +198,12 @@ class FakeRuntime:
             raise TemplateNotFound(f"snapshot {snapshot_id!r} not found")
 
     async def fork(
-        self, sandbox_id: str, children: list[tuple[str, AgentInit]]
-    ) -> list[SandboxHandle | BaseException]:
+        self, sandbox_id: str, children: list[tuple[str, AgentInit]], *,
+        elsewhere: Callable[[str], Awaitable[list[Any]]] | None = None,
+    ) -> list[Any]:
         src = self.live.get(sandbox_id) or self.paused[sandbox_id]
-        return self._children(src, children)
+        away = await elsewhere(f"fork-{sandbox_id}") if elsewhere is not None else []
+        return [*self._children(src, children), *away]
 
     async def create_children(self, snapshot_id: str, children: list[tuple[str, AgentInit]]
                               ) -> list[SandboxHandle | BaseException]:

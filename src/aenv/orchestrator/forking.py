@@ -193,7 +193,7 @@ class Forking:
 
     async def fork(
         self, sandbox_id: str, count: int, timeout_s: int | None = None
-    ) -> list[SandboxRecord | BaseException]:
+    ) -> list[SandboxRecord | BaseException | dict[str, object]]:
         """Snapshot the sandbox and start `count` children from it, each with its own id and
         token and the source's env, metadata and lifecycle. A running source keeps running
         (Forking meanwhile); a paused one, hot or cold, is forked from its paused state and
@@ -215,9 +215,16 @@ class Forking:
             self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
             ttl = src.timeout_s if timeout_s is None else timeout_s
             kids = [self._child_record(src, ttl) for _ in range(n)]
+            # Children beyond this node's room go to other nodes of the cluster, restored
+            # there from the fork's snapshot (fetched from here) while it exists.
+            away = [self._child_record(src, ttl) for _ in range(count - n)] if (
+                self.shared is not None and count > n) else []  # fmt: skip
+            shared = self.shared
+            elsewhere = None if not away or shared is None else (
+                lambda snap: shared.fork_elsewhere(snap, away))  # fmt: skip
             for k in kids:
                 self.store.insert(k)
-            if n and not paused and not self.store.transition(
+            if (n or away) and not paused and not self.store.transition(
                     sandbox_id, [S.RUNNING], S.FORKING, self.now_us()):
                 for k in kids:
                     self.store.delete(k.sandbox_id, [S.CREATING])
@@ -225,24 +232,26 @@ class Forking:
             t0 = time.perf_counter()
             try:
                 results: list[SandboxHandle | BaseException] = []
-                if n:
+                if n or away:
                     inits = [(k.sandbox_id, agent_init(k)) for k in kids]
                     async with stage("fork", "runtime_fork", sandbox_id):
-                        results = await self.runtime.fork(sandbox_id, inits)
+                        results = await self.runtime.fork(sandbox_id, inits,
+                                                          elsewhere=elsewhere)  # fmt: skip
             except BaseException:
                 OPS_TOTAL.labels("fork", "error").inc()
                 for k in kids:
                     self.store.delete(k.sandbox_id, [S.CREATING])
                 raise
             finally:
-                if n and not paused:
+                if (n or away) and not paused:
                     self.store.transition(sandbox_id, [S.FORKING], S.RUNNING, self.now_us())
-            out: list[SandboxRecord | BaseException] = []
-            for k, r in zip(kids, results, strict=True):
+            out: list[SandboxRecord | BaseException | dict[str, object]] = []
+            for k, r in zip(kids, results[:n], strict=True):
                 out.append(self._fork_child_started(k, r))
+            out += results[n:]  # the children other nodes started (rendered there)
         out += [CapacityExhausted(
             f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
-            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
+            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - len(out))]  # fmt: skip
         ok = sum(isinstance(r, SandboxRecord) for r in out)
         OPS_TOTAL.labels("fork", "ok").inc(ok)
         log_event(log, "sandbox.forked", sandbox_id=sandbox_id, requested=count, started=ok,
@@ -265,23 +274,9 @@ class Forking:
         req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s)
         egress = EgressPolicy.from_request(None, [], [])
         kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
-        for k in kids:
-            self.store.insert(k)
         t0 = time.perf_counter()
-        self._snap_refs.acquire(snap.snapshot_id)  # a DELETE meanwhile waits for the clones
-        try:
-            async with stage("fork", "runtime_children", snap.snapshot_id):
-                results = await self.runtime.create_children(
-                    snap.snapshot_id, [(k.sandbox_id, agent_init(k)) for k in kids])
-        except BaseException:
-            for k in kids:
-                self.store.delete(k.sandbox_id, [S.CREATING])
-            raise
-        finally:
-            if self._snap_refs.release(snap.snapshot_id):
-                self._delete_snapshot_files(snap.snapshot_id)
-        out: list[SandboxRecord | BaseException] = [
-            self._fork_child_started(k, r) for k, r in zip(kids, results, strict=True)]
+        out: list[SandboxRecord | BaseException] = await self._children_from(
+            snap.snapshot_id, kids)
         out += [CapacityExhausted(
             f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
             retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip
@@ -289,6 +284,40 @@ class Forking:
                   started=sum(isinstance(r, SandboxRecord) for r in out),
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return out
+
+    async def _children_from(self, snapshot_id: str, kids: list[SandboxRecord]
+                             ) -> list[SandboxRecord | BaseException]:  # fmt: skip
+        """Start the children `kids` (records in Creating, inserted here) from a stored
+        snapshot, side by side: one record or error each."""
+        self._snap_refs.acquire(snapshot_id)  # a DELETE meanwhile waits for the clones
+        try:
+            for k in kids:
+                self.store.insert(k)
+            async with stage("fork", "runtime_children", snapshot_id):
+                results = await self.runtime.create_children(
+                    snapshot_id, [(k.sandbox_id, agent_init(k)) for k in kids])
+        except BaseException:
+            for k in kids:
+                self.store.delete(k.sandbox_id, [S.CREATING])
+            raise
+        finally:
+            if self._snap_refs.release(snapshot_id):
+                self._delete_snapshot_files(snapshot_id)
+        return [self._fork_child_started(k, r) for k, r in zip(kids, results, strict=True)]
+
+    async def fork_children_here(self, snapshot_id: str, kids: list[SandboxRecord]
+                                 ) -> list[SandboxRecord | BaseException]:  # fmt: skip
+        """Children of a fork on another node that lacked room for them (their records made
+        there, their snapshot fetched here): as many as this node holds, the rest refused."""
+        self._refuse(new=True)
+        room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
+        here = kids[:room]
+        if here:
+            self._admit_space(sum(k.memory_mib for k in here), f"fork {len(here)} sandboxes")
+        out = await self._children_from(snapshot_id, here) if here else []
+        return out + [CapacityExhausted(
+            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
+            retry_after_s=FULL_RETRY_AFTER_S) for _ in kids[room:]]  # fmt: skip
 
     def _child_record(self, src: SandboxRecord, ttl_s: int) -> SandboxRecord:
         now = self.now_us()

@@ -38,6 +38,12 @@ class Shared(Protocol):
     def paused(self, rec: SandboxRecord) -> None:
         """A sandbox paused here (its paused state may be published)."""
 
+    async def fork_elsewhere(self, snapshot_id: str, kids: list[SandboxRecord]
+                             ) -> list[object]:  # fmt: skip
+        """Start the fork children `kids` (records made here) on other nodes with room, from
+        this node's `snapshot_id` (fetched from here): one answer each, a started child
+        as rendered there (a dict) or why it did not start."""
+
     async def resuming(self, sandbox_id: str) -> None:
         """A paused sandbox is about to resume here: its published paused state, if any,
         stops being resumable elsewhere first (Unavailable if that cannot be said)."""

@@ -9,7 +9,7 @@ import pydantic
 import pytest
 
 from aenv import config
-from aenv.cluster.node import node_name, node_url
+from aenv.cluster.identity import node_name, node_url
 
 
 def test_a_node_is_standalone_unless_etcd_endpoints_are_set() -> None:
