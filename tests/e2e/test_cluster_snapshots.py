@@ -10,6 +10,8 @@ with the unmodified SDK pointed at the gateway alone.
 - a published paused sandbox whose node is killed (-9) resumes on the other node with its
   memory intact (a counter in a running process), and the node that comes back frees its
   own copy;
+- `aenv node drain --pause` publishes the pauses, and a connect then resumes the sandbox
+  on another node; undrained, the node frees its copy;
 - a fork of a sandbox on a full node starts its children on the other node, from the fork's
   snapshot fetched there, each a sandbox of its own with the source's files and processes.
 """
@@ -59,6 +61,16 @@ class Cluster:
         r = httpx.post(self.etcd.endpoints[0] + "/v3/kv/range", json={"key": k}, timeout=5)
         kvs = r.json().get("kvs", [])
         return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
+
+    def put(self, key: str, value: str) -> None:
+        b = {"key": base64.b64encode(f"{self.prefix}{key}".encode()).decode(),
+             "value": base64.b64encode(value.encode()).decode()}  # fmt: skip
+        httpx.post(self.etcd.endpoints[0] + "/v3/kv/put", json=b, timeout=5).raise_for_status()
+
+    def delete(self, key: str) -> None:
+        b = {"key": base64.b64encode(f"{self.prefix}{key}".encode()).decode()}
+        httpx.post(self.etcd.endpoints[0] + "/v3/kv/deleterange", json=b,
+                   timeout=5).raise_for_status()  # fmt: skip
 
     def wait_for(self, key: str, present: bool = True, timeout: float = 120) -> dict | None:  # type: ignore[type-arg]
         deadline = time.monotonic() + timeout
@@ -165,6 +177,38 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
             assert time.monotonic() < deadline, "n0 kept the sandbox n1 took over"
             time.sleep(0.2)
         assert _counter(back) > after
+    finally:
+        with contextlib.suppress(Exception):
+            Sandbox.kill(sbx.sandbox_id)
+
+
+def test_a_sandbox_paused_by_a_drain_resumes_on_another_node(cluster: Cluster) -> None:
+    n0, _ = cluster.nodes
+    sbx = Sandbox.create(timeout=300)  # not published on its own pauses
+    try:
+        assert cluster.get(f"bindings/{sbx.sandbox_id}")["node"] == "n0"  # type: ignore[index]
+        sbx.commands.run("echo drained > /dev/shm/d")
+        cluster.put("drain/n0", '{"pause": true}')
+        assert cluster.wait_for(f"paused/{sbx.sandbox_id}", timeout=60) is not None
+        back = Sandbox.connect(sbx.sandbox_id, timeout=300)
+        assert cluster.get(f"bindings/{back.sandbox_id}")["node"] == "n1"  # type: ignore[index]
+        assert back.commands.run("cat /dev/shm/d").stdout == "drained\n"
+    finally:
+        cluster.delete("drain/n0")
+    try:
+        # n0 frees the copy n1 took over at its next full bindings round (every 30 s).
+        deadline = time.monotonic() + 45
+        while True:
+            with n0.api() as c:
+                if not c.get("/v2/sandboxes").json():
+                    break
+            assert time.monotonic() < deadline, "n0 kept the sandbox n1 took over"
+            time.sleep(0.2)
+        deadline = time.monotonic() + 30  # and takes sandboxes again
+        while (cluster.get("nodes/n0") or {}).get("draining", True):
+            assert time.monotonic() < deadline, "n0 stayed draining"
+            time.sleep(0.2)
+        time.sleep(0.5)  # the gateway's view follows the record
     finally:
         with contextlib.suppress(Exception):
             Sandbox.kill(sbx.sandbox_id)

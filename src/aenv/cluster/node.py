@@ -23,6 +23,7 @@ from aenv.cluster.sharing import Sharing, shared_names
 from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.storage.kernel import kernel_cache_key
+from aenv.storage.snapshots import SnapshotStore
 from aenv.storage.tools import tools_key
 from aenv.tasks import cancel
 
@@ -65,7 +66,7 @@ class NodeMembership:
         self._guard: asyncio.Task[None] | None = None
         # Snapshots shared with the other nodes (a runtime with a snapshot repository).
         self.sharing: Sharing | None = None
-        if hasattr(orchestrator.runtime, "snapshots"):
+        if isinstance(getattr(orchestrator.runtime, "snapshots", None), SnapshotStore):
             self.sharing = Sharing(cfg, orchestrator, self.etcd, node_name(cfg))
             orchestrator.shared = self.sharing
             orchestrator.store.on_change.append(self.sharing.changed)

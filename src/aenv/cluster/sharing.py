@@ -113,8 +113,9 @@ class Sharing:
             self._pending.add(snap.snapshot_id)
             self._kick.set()
 
-    def paused(self, rec: SandboxRecord) -> None:
-        if self.store is not None and self.takeover.wanted(rec):
+    def paused(self, rec: SandboxRecord, reason: str) -> None:
+        # A drain that pauses publishes every pause: its sandboxes are to resume elsewhere.
+        if self.store is not None and (reason == "drain" or self.takeover.wanted(rec)):
             self._paused.add(rec.sandbox_id)
             self._kick.set()
 

@@ -66,7 +66,7 @@ class Pausing:
         self.store.transition(sid, [S.PAUSING], S.PAUSED, self.now_us(), slot_addr=None,
                               vmm_pid=None)  # fmt: skip
         if self.shared is not None:
-            self.shared.paused(rec)
+            self.shared.paused(rec, reason)
         OPS_TOTAL.labels("pause", reason).inc()
         log_event(log, "sandbox.paused", sandbox_id=sid, reason=reason, mode=mode,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip

@@ -35,8 +35,9 @@ class Shared(Protocol):
     def deleted(self, snapshot_id: str) -> None:
         """A snapshot of this node was deleted (its publication goes too)."""
 
-    def paused(self, rec: SandboxRecord) -> None:
-        """A sandbox paused here (its paused state may be published)."""
+    def paused(self, rec: SandboxRecord, reason: str) -> None:
+        """A sandbox paused here, for `reason` ("request", "timeout", "drain", ...): its
+        paused state may be published."""
 
     async def fork_elsewhere(self, snapshot_id: str, kids: list[SandboxRecord]
                              ) -> list[object]:  # fmt: skip
