@@ -1,8 +1,10 @@
-"""A cluster behind one gateway (issue 14, item 1): a real etcd, two real nodes (each its own
-instance and slot range) and `aenv gateway`, with the unmodified SDK pointed at the
-gateway alone. The acceptance scenario (scenarios.py) runs through it with sandboxes on
-both nodes; then what only a cluster has: signed URLs that carry no sandbox id, a pause
-and resume, and the bindings in etcd."""
+"""A cluster behind a load balancer (issue 14, "done when"): a real etcd, three real nodes
+(each its own instance and slot range), two `aenv gateway`s and Debian's haproxy in front
+of them, with the unmodified SDK pointed at the load balancer alone. The acceptance
+scenario (scenarios.py) runs through it, sync, async and npm, with sandboxes on all three
+nodes; then what only a cluster has: signed URLs that carry no sandbox id, a pause and
+resume, and the bindings in etcd; and the scenario once more with only E2B_DOMAIN set,
+over TLS."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from e2b import Sandbox
 
 from tests.support import census
 from tests.support.client_ns import client_namespace
-from tests.support.cluster import Child, gateway, gateway_ready
+from tests.support.cluster import Child, gateway, gateway_ready, haproxy
 from tests.support.etcd import EtcdCluster, etcd_cluster
 from tests.support.tls import make_certs
 
@@ -35,8 +37,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 TOKEN = "e2e-cluster-token"
 DOMAIN = "aenv-e2e.test"
 REPO = Path(__file__).resolve().parents[2]
-# Two nodes at once on one host: disjoint host-side slot ranges (4096 slots each).
-SLOT_NETWORKS = ("198.19.0.0/18", "198.19.64.0/18")
+# Three nodes at once on one host: disjoint host-side slot ranges (4096 slots each).
+SLOT_NETWORKS = ("198.19.0.0/18", "198.19.64.0/18", "198.19.128.0/18")
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Cluster:
     etcd: EtcdCluster
     prefix: str
     nodes: list[NodeProcess]
-    gateway: Child
+    gateway: Child  # the load balancer in front of the gateways: what clients call
     env: dict[str, str]  # what nodes and gateways of this cluster are given
 
     def binding(self, sandbox_id: str) -> dict | None:  # type: ignore[type-arg]
@@ -76,26 +78,40 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             nodes.append(stack.enter_context(running_node(
                 tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
                 AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common)))  # fmt: skip
-        gw = gateway(tmp, "gateway", common, API_KEY)
-        gw.start(gateway_ready(gw, len(nodes)))
-        stack.callback(lambda: print(gw.tail(100)))
-        stack.callback(lambda: gw.stop() == 0 or pytest.fail(f"gateway exit:\n{gw.tail()}"))
-        with sdk_pointed_at(gw):  # type: ignore[arg-type]
-            yield Cluster(etcd, prefix, nodes, gw, common)
+        gws = []
+        for i in range(2):
+            gw = gateway(tmp, f"gateway{i}", common, API_KEY)
+            gw.start(gateway_ready(gw, len(nodes)))
+            stack.callback(lambda g=gw: print(g.tail(100)))
+            stack.callback(lambda g=gw: g.stop() == 0 or pytest.fail(f"gateway exit:\n{g.tail()}"))
+            gws.append(gw)
+        lb = haproxy(tmp, gws)
+        lb.start()
+        stack.callback(lb.stop)
+        with sdk_pointed_at(lb):  # type: ignore[arg-type]
+            yield Cluster(etcd, prefix, nodes, lb, common)
 
 
-def test_the_sync_scenario_runs_through_the_gateway_on_both_nodes(cluster: Cluster) -> None:
+def test_the_sync_scenario_runs_through_the_load_balancer_on_all_three_nodes(
+    cluster: Cluster,
+) -> None:
     before = [cluster.creates(n) for n in cluster.nodes]
-    sync_sdk_scenario()
+    # One sandbox held through the scenario: its two sandboxes alive at once then land on
+    # the two other nodes (placement spreads to the least loaded).
+    ballast = Sandbox.create(timeout=300)
+    try:
+        sync_sdk_scenario()
+    finally:
+        ballast.kill()
     made = [cluster.creates(n) - b for n, b in zip(cluster.nodes, before, strict=True)]
     assert all(m >= 1 for m in made), f"creates per node: {made}"
 
 
-def test_the_async_scenario_runs_through_the_gateway(cluster: Cluster) -> None:
+def test_the_async_scenario_runs_through_the_load_balancer(cluster: Cluster) -> None:
     async_sdk_scenario()
 
 
-def test_the_npm_sdk_runs_through_the_gateway(cluster: Cluster) -> None:
+def test_the_npm_sdk_runs_through_the_load_balancer(cluster: Cluster) -> None:
     js_sdk_scenario(cluster.gateway.origin, API_KEY, cluster.gateway.tail)
 
 
