@@ -20,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -35,6 +37,8 @@ from aenv.store.published import (
     manifest_key,
     paused_key,
 )
+
+DOWNLOADS = 4  # chunks sent or downloaded at once
 
 
 class TransferError(Exception):
@@ -119,28 +123,46 @@ def publish(store: ObjectStore, snapshot_dir: Path, record: ChecksumRecord, *,
                    origin=origin, sandbox=sandbox)  # fmt: skip
     moved = Moved()
     size = record.chunk_size
-    sent: set[str] = set()
-    for name, sums in record.files.items():
-        moved.logical_bytes += sums.size
-        with open(snapshot_dir / name, "rb") as f:
-            fd = f.fileno()
-            for i, digest in enumerate(sums.chunks):
-                moved.chunks += 1
-                if digest == ZERO:
-                    moved.zero += 1
-                    continue
-                if digest in sent or store.has(chunk_key(digest)):
-                    moved.present += 1
-                    continue
-                length = min(size, sums.size - i * size)
-                data = os.pread(fd, length, i * size)
-                if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
-                    raise TransferError(f"{name} chunk {i} is not what its checksum says: "
-                                        "the file changed since it was recorded")  # fmt: skip
-                store.put(chunk_key(digest), data)
-                sent.add(digest)
-                moved.moved += 1
-                moved.moved_bytes += length
+    claimed: set[str] = set()  # digests one worker sends (once, however many files hold them)
+    lock = threading.Lock()
+
+    def send(fd: int, name: str, i: int, length: int, digest: str) -> None:
+        if store.has(chunk_key(digest)):
+            with lock:
+                moved.present += 1
+            return
+        data = os.pread(fd, length, i * size)
+        if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
+            raise TransferError(f"{name} chunk {i} is not what its checksum says: "
+                                "the file changed since it was recorded")  # fmt: skip
+        store.put(chunk_key(digest), data)
+        with lock:
+            moved.moved += 1
+            moved.moved_bytes += length
+
+    with ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="aenv-publish") as pool:
+        for name, sums in record.files.items():
+            moved.logical_bytes += sums.size
+            pending: list[Future[None]] = []
+            with open(snapshot_dir / name, "rb") as f:
+                try:
+                    for i, digest in enumerate(sums.chunks):
+                        moved.chunks += 1
+                        if digest == ZERO:
+                            moved.zero += 1
+                            continue
+                        if digest in claimed:
+                            moved.present += 1
+                            continue
+                        claimed.add(digest)
+                        length = min(size, sums.size - i * size)
+                        pending.append(pool.submit(send, f.fileno(), name, i, length, digest))
+                    for fut in pending:
+                        fut.result()  # the first failure fails the publish
+                finally:
+                    for fut in pending:
+                        fut.cancel()
+                    wait(pending)
     key = paused_key(record.snapshot_id) if kind == "paused" else manifest_key(record.snapshot_id)
     store.put(key, pub.model_dump_json().encode())
     return moved
@@ -153,52 +175,68 @@ def published(store: ObjectStore, snapshot_id: str, *, paused: bool = False) -> 
 
 def fetch(pub: Published, dest: Path, sources: Sequence[ChunkSource], *,
           local: Mapping[str, LocalChunk] | None = None) -> Moved:  # fmt: skip
-    """Write `pub`'s files into `dest` (which must not hold them yet) and its manifest."""
+    """Write `pub`'s files into `dest` (which must not hold them yet) and its manifest.
+    Downloads run `DOWNLOADS` at a time (each source is a network round trip per chunk)."""
     moved = Moved(logical_bytes=pub.logical_bytes())
     good = list(sources)
     local = local or {}
     size = pub.chunk_size
+    lock = threading.Lock()
     dest.mkdir(parents=True, exist_ok=True)
-    for name, f in pub.files.items():
-        fd = os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, f.size)  # sparse: the zero chunks stay holes
-            for i, digest in enumerate(f.chunks):
-                moved.chunks += 1
-                if digest == ZERO:
-                    moved.zero += 1
-                    continue
-                length = min(size, f.size - i * size)
-                here = local.get(digest)
-                if here is not None and here.length == length:
-                    data = _read(here)
-                    if hashlib.sha256(data).hexdigest() == digest:
-                        os.pwrite(fd, data, i * size)
-                        moved.present += 1
+
+    def download(fd: int, name: str, i: int, length: int, digest: str) -> None:
+        src, data = _download(good, name, i * size, length, digest, lock)
+        os.pwrite(fd, data, i * size)  # distinct offsets: no lock needed
+        with lock:
+            moved.moved += 1
+            moved.moved_bytes += length
+            moved.by_source[src] = moved.by_source.get(src, 0) + length
+
+    with ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="aenv-fetch") as pool:
+        for name, f in pub.files.items():
+            fd = os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            pending: list[Future[None]] = []
+            try:
+                os.ftruncate(fd, f.size)  # sparse: the zero chunks stay holes
+                for i, digest in enumerate(f.chunks):
+                    moved.chunks += 1
+                    if digest == ZERO:
+                        moved.zero += 1
                         continue
-                src, data = _download(good, name, i * size, length, digest)
-                os.pwrite(fd, data, i * size)
-                moved.moved += 1
-                moved.moved_bytes += length
-                moved.by_source[src] = moved.by_source.get(src, 0) + length
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+                    length = min(size, f.size - i * size)
+                    here = local.get(digest)
+                    if here is not None and here.length == length:
+                        data = _read(here)
+                        if hashlib.sha256(data).hexdigest() == digest:
+                            os.pwrite(fd, data, i * size)
+                            moved.present += 1
+                            continue
+                    pending.append(pool.submit(download, fd, name, i, length, digest))
+                for fut in pending:
+                    fut.result()  # the first failure fails the fetch
+                os.fsync(fd)
+            finally:
+                for fut in pending:
+                    fut.cancel()
+                wait(pending)
+                os.close(fd)
     (dest / "manifest.json").write_text(json.dumps(pub.manifest))
     return moved
 
 
 def _download(sources: list[ChunkSource], file: str, offset: int, length: int,
-              digest: str) -> tuple[str, bytes]:  # fmt: skip
+              digest: str, lock: threading.Lock) -> tuple[str, bytes]:  # fmt: skip
     """From the first source that has the chunk right; sources that fail or send a wrong
     chunk are dropped from `sources` for the rest of the fetch."""
     why: list[str] = []
-    for src in list(sources):
+    with lock:
+        tried = list(sources)
+    for src in tried:
         try:
             data = src.chunk(file, offset, length, digest)
         except SourceFailed as e:
             why.append(f"{src.name}: {e}")
-            sources.remove(src)
+            _drop(sources, src, lock)
             continue
         if data is None:
             why.append(f"{src.name}: does not have it")
@@ -206,9 +244,15 @@ def _download(sources: list[ChunkSource], file: str, offset: int, length: int,
         if len(data) == length and hashlib.sha256(data).hexdigest() == digest:
             return src.name, data
         why.append(f"{src.name}: sent a corrupt chunk")
-        sources.remove(src)
+        _drop(sources, src, lock)
     raise TransferError(f"chunk {digest[:12]} of {file} could not be fetched ("
                         + ("; ".join(why) or "no source") + ")")
+
+
+def _drop(sources: list[ChunkSource], src: ChunkSource, lock: threading.Lock) -> None:
+    with lock:
+        if src in sources:
+            sources.remove(src)
 
 
 def local_chunks(records: Mapping[Path, ChecksumRecord]) -> dict[str, LocalChunk]:
