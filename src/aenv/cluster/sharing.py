@@ -57,6 +57,7 @@ PUBLISHED_FILE = "published.json"  # in a snapshot's directory, once it is publi
 USED_FILE = "used"  # a fetched copy's last use: this file's mtime
 RETRY_S = 5.0  # a publish that failed (the store out of reach) is tried again after this
 LOOP_PAUSE_S = 0.5
+SWEEP_EVERY_S = 60.0  # fetched copies of snapshots the cluster no longer has are dropped
 
 
 class Sharing:
@@ -77,6 +78,7 @@ class Sharing:
         self._ended_check = False  # records changed: entries of ended sandboxes may go
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._sweep: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._fetching: dict[str, asyncio.Lock] = {}
         self.client = httpx.AsyncClient()
@@ -93,8 +95,11 @@ class Sharing:
             self._task = asyncio.get_running_loop().create_task(self._publishing(),
                                                                 name="aenv-publish")  # fmt: skip
             self._kick.set()
+        self._sweep = asyncio.get_running_loop().create_task(self._sweeping(),
+                                                             name="aenv-sweep-copies")  # fmt: skip
 
     async def close(self) -> None:
+        await cancel(self._sweep)
         await cancel(self._task)
         for t in list(self._background):
             await cancel(t)
@@ -244,6 +249,30 @@ class Sharing:
         except (TemplateNotFound, sums.ChecksumRecordError, SnapshotNotFound):
             return {}
         return transfer.local_chunks({self.snapshots.path(sid): rec}) if rec else {}
+
+    async def _sweeping(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            with contextlib.suppress(EtcdError):
+                await self.sweep()
+
+    async def sweep(self) -> list[str]:
+        """Fetched copies of snapshots the cluster no longer has (deleted on their node:
+        neither in the catalog nor any member's own), unless a restore uses them."""
+        copies = self.cached()
+        if not copies:
+            return []
+        kvs, _ = await self.etcd.get_prefix(catalog_prefix(self.prefix))
+        known = {kv.key.rsplit("/", 1)[1] for kv in kvs}
+        for p in await self._peers():
+            known.update(p.snapshots)
+        gone = [sid for sid in copies
+                if sid not in known and not self.orch._snap_refs.in_use(sid)]  # fmt: skip
+        for sid in gone:
+            with contextlib.suppress(TemplateNotFound):
+                await asyncio.to_thread(self.runtime.delete_snapshot, sid)
+            log.info("fetched snapshot %s dropped: the cluster no longer has it", sid)
+        return gone
 
     def evict(self) -> list[str]:
         """Fetched copies beyond `[store] cache_bytes`, least recently used first."""
