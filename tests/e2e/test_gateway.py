@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Template
 
 from tests.support import census
 from tests.support.client_ns import client_namespace
@@ -147,6 +147,26 @@ def test_signed_urls_pause_and_resume_and_bindings_through_the_gateway(
     while any(cluster.binding(s.sandbox_id) for s in boxes):
         assert time.monotonic() < deadline, "bindings outlived their sandboxes"
         time.sleep(0.1)
+
+
+def test_a_template_build_through_the_load_balancer(cluster: Cluster) -> None:
+    """The E2B build API (create, upload-free steps, status polling, logs) through the load
+    balancer: every call of the build reaches the node that runs it, and the template it
+    makes creates sandboxes through the gateways."""
+    name = f"gw-build-{os.urandom(3).hex()}"
+    Template.build(Template().from_template("base").run_cmd("echo via-gateway > /tmp/b.txt",
+                                                            user="root"), name)  # fmt: skip
+    try:
+        assert Template.exists(name)
+        sbx = Sandbox.create(name, timeout=120)
+        try:
+            assert sbx.commands.run("cat /tmp/b.txt").stdout == "via-gateway\n"
+        finally:
+            sbx.kill()
+    finally:
+        with httpx.Client(base_url=cluster.gateway.origin, headers={"X-API-Key": API_KEY},
+                          timeout=60) as c:  # fmt: skip
+            assert c.delete(f"/templates/{name}").status_code == 204
 
 
 def test_the_sync_scenario_over_tls_with_only_e2b_domain(
