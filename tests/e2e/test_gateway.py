@@ -174,23 +174,30 @@ def test_the_sync_scenario_over_tls_with_only_e2b_domain(
 ) -> None:
     """What a client of a production cluster sets: E2B_DOMAIN and the key (and here the
     test CA). It resolves api.<domain> and <port>-<id>.<domain> with its namespace's own
-    resolver, to a gateway that terminates TLS with a wildcard certificate."""
+    resolver, to haproxy (TLS passed through) in front of two gateways that terminate TLS
+    with a wildcard certificate."""
     certs = make_certs(tmp_path / "certs", DOMAIN)
-    with client_namespace(DOMAIN) as ns:
-        gw = gateway(tmp_path, "tls-gateway", cluster.env, API_KEY, host=ns.server_ip,
-                     port=443, AENV_DOMAIN=DOMAIN, AENV_TLS_CERT_FILE=str(certs.cert),
-                     AENV_TLS_KEY_FILE=str(certs.key))  # fmt: skip
-        gw.start(gateway_ready(gw, len(cluster.nodes), f"https://{ns.server_ip}",
+    with client_namespace(DOMAIN) as ns, contextlib.ExitStack() as stack:
+        gws = []
+        for i in range(2):  # two gateways terminating TLS, behind haproxy passing it through
+            gw = gateway(tmp_path, f"tls-gateway{i}", cluster.env, API_KEY,
+                         AENV_DOMAIN=DOMAIN, AENV_TLS_CERT_FILE=str(certs.cert),
+                         AENV_TLS_KEY_FILE=str(certs.key))  # fmt: skip
+            gw.start(gateway_ready(gw, len(cluster.nodes), f"https://127.0.0.1:{gw.port}",
+                                   verify=certs.by_address()))  # fmt: skip
+            stack.callback(lambda g=gw: g.stop() == 0 or pytest.fail(g.tail()))
+            gws.append(gw)
+        lb = haproxy(tmp_path, gws, bind=ns.server_ip, port=443, tcp=True)
+        lb.start(gateway_ready(lb, len(cluster.nodes), f"https://{ns.server_ip}",
                                verify=certs.by_address()))  # fmt: skip
-        try:
-            env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
-                   "E2B_DOMAIN": DOMAIN, "E2B_API_KEY": API_KEY,
-                   "SSL_CERT_FILE": str(certs.ca)}  # fmt: skip
-            script = "from tests.e2e.scenarios import sync_sdk_scenario; sync_sdk_scenario()"
-            r = ns.run([sys.executable, "-c", script], env, timeout=600, cwd=REPO)
-            assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{gw.tail()}"
-        finally:
-            assert gw.stop() == 0, gw.tail()
+        stack.callback(lb.stop)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
+               "E2B_DOMAIN": DOMAIN, "E2B_API_KEY": API_KEY,
+               "SSL_CERT_FILE": str(certs.ca)}  # fmt: skip
+        script = "from tests.e2e.scenarios import sync_sdk_scenario; sync_sdk_scenario()"
+        r = ns.run([sys.executable, "-c", script], env, timeout=600, cwd=REPO)
+        tails = "\n".join(g.tail() for g in gws)
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{tails}\n{lb.tail()}"
 
 
 def _settles(cluster: Cluster, sandbox_id: str) -> bool:

@@ -89,29 +89,31 @@ def gateway_ready(g: Child, nodes: int, origin: str | None = None,
     return lambda: httpx.get(url, timeout=1, verify=verify).json()["nodes"] == nodes
 
 
-def haproxy(tmp: Path, backends: list[Child]) -> Child:
+def haproxy(tmp: Path, backends: list[Child], *, bind: str = "127.0.0.1",
+            port: int | None = None, tcp: bool = False) -> Child:  # fmt: skip
     """One frontend, round robin over `backends`, health-checked every 200 ms. A connection
-    that fails, or a backend that closes without answering, is tried on the next."""
-    port = free_port()
+    that fails, or (HTTP) a backend that closes without answering, is tried on the next.
+    `tcp`: TLS passes through to the backends, which terminate it (health: a connect)."""
+    port = port or free_port()
     servers = "\n".join(f"    server b{i} 127.0.0.1:{b.port} check inter 200ms fall 1 rise 1"
                         for i, b in enumerate(backends))  # fmt: skip
-    cfg = tmp / "haproxy.cfg"
+    http = "" if tcp else "    retry-on conn-failure empty-response\n"
+    check = "" if tcp else "    option httpchk GET /health\n"
+    cfg = tmp / ("haproxy-tcp.cfg" if tcp else "haproxy.cfg")
     cfg.write_text(f"""global
     maxconn 2000
 defaults
-    mode http
+    mode {"tcp" if tcp else "http"}
     timeout connect 2s
     timeout client 120s
     timeout server 120s
     retries 3
     option redispatch
-    retry-on conn-failure empty-response
-frontend fe
-    bind 127.0.0.1:{port}
+{http}frontend fe
+    bind {bind}:{port}
     default_backend gateways
 backend gateways
     balance roundrobin
-    option httpchk GET /health
-{servers}
+{check}{servers}
 """)
-    return Child([HAPROXY, "-db", "-f", str(cfg)], port, tmp / "haproxy.log")
+    return Child([HAPROXY, "-db", "-f", str(cfg)], port, cfg.with_suffix(".log"))

@@ -8,8 +8,10 @@ In this order:
 4. `GET /sandboxes`, `GET /v2/sandboxes`, `GET /snapshots`, `GET /templates`: every node,
    merged (`lists.py`);
 5. a template or snapshot by name (`/templates/<name>…`, `/snapshots/<id>/fork`): a node
-   that holds it; a build of a new one and the template tags: the cluster's first node
-   (by name), until templates are shared through the snapshot store;
+   that holds it; a build (`POST /v3/templates`, and every `…/builds…` and `…/files…`
+   call of one) and the template tags: the cluster's first node (by name), whichever
+   node holds an older version, so all the calls of one build reach the node running it,
+   until templates are shared through the snapshot store;
 6. `/health` and `/metrics`: the gateway's own;
 7. anything else: the first node (whose answer is then the cluster's: a 404, openapi).
 """
@@ -24,6 +26,7 @@ from aenv.api.proxy import Target, match_target
 
 _SANDBOX = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)(?:/.*)?$")
 _TEMPLATE = re.compile(r"^/(?:v2/)?templates/(.+?)(?:/(?:builds|files|tags)(?:/.*)?)?$")
+_BUILD = re.compile(r"^/(?:v2/)?templates/[^/]+/(?:builds|files)(?:/.*)?$")
 _RESUMES = ("/resume", "/connect")
 _SNAPSHOT_FORK = re.compile(r"^/snapshots/([^/]+)/fork$")
 
@@ -93,6 +96,8 @@ def route(scope: dict[str, Any], domain: bytes | None) -> Route:
         return ByTemplate(None)
     if path.startswith("/templates/aliases/"):
         return ByTemplate(path[len("/templates/aliases/"):])
+    if _BUILD.match(path):  # a build's calls all go where builds run, whoever holds it now
+        return ByTemplate(None)
     if m := _TEMPLATE.match(path):
         return ByTemplate(m.group(1))
     return AnyNode()

@@ -1,0 +1,33 @@
+"""Which node a request through the gateway goes to (cluster/gateway/routing.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aenv.cluster.gateway import routing
+
+
+def _route(method: str, path: str) -> routing.Route:
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
+             "headers": [(b"host", b"api.example.test")], "query_string": b""}  # fmt: skip
+    return routing.route(scope, b"example.test")
+
+
+@pytest.mark.parametrize(("method", "path", "want"), [
+    ("POST", "/v3/templates", routing.ByTemplate(None)),
+    ("GET", "/templates/t1/builds/b1/status", routing.ByTemplate(None)),
+    ("POST", "/v2/templates/t1/builds/b1", routing.ByTemplate(None)),
+    ("GET", "/templates/t1/files/abc", routing.ByTemplate(None)),
+    ("GET", "/templates/my-tpl", routing.ByTemplate("my-tpl")),
+    ("DELETE", "/templates/my-tpl", routing.ByTemplate("my-tpl")),
+    ("GET", "/templates/aliases/my-tpl", routing.ByTemplate("my-tpl")),
+    ("POST", "/snapshots/snap-1/fork", routing.ByTemplate("snap-1")),
+    ("POST", "/sandboxes/abc/connect", routing.OneSandbox("abc", resume=True)),
+    ("POST", "/sandboxes/abc/resume", routing.OneSandbox("abc", resume=True)),
+    ("POST", "/sandboxes/abc/pause", routing.OneSandbox("abc")),
+    ("GET", "/sandboxes/abc", routing.OneSandbox("abc")),
+    ("POST", "/v2/sandboxes", routing.Create()),
+    ("GET", "/snapshots", routing.Listing("snapshots")),
+])  # fmt: skip
+def test_routes(method: str, path: str, want: routing.Route) -> None:
+    assert _route(method, path) == want
