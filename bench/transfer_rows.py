@@ -66,7 +66,7 @@ def transfer_rows(g: httpx.Client, node_origin: str, token: str) -> dict[str, st
             moved = transfer.fetch(pub2, out / "peer", [peer])
             rows["fetch from a peer, cold (range requests)"] = _row(moved,
                                                                     time.perf_counter() - t0)
-        g.delete(f"/snapshots/{snap}")
+        g.delete(f"/templates/{snap}").raise_for_status()  # a snapshot is deleted as a template
     finally:
         g.delete(f"/sandboxes/{sid}")
         shutil.rmtree(out, ignore_errors=True)
