@@ -18,6 +18,7 @@ from e2b import Sandbox, SandboxState
 from e2b.exceptions import FileNotFoundException
 
 from aenv.vmm.cgroup import list_groups
+from tests.support.counter import counting
 
 from .conftest import (
     DATA_DIR,
@@ -30,9 +31,7 @@ from .conftest import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 WARM_POOL_SIZE = 2  # the default; the test sets it so the bound below holds
-# Written by rename, so a reader never sees the file between truncate and write.
-COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
-           "mv /tmp/count.new /tmp/count; sleep 0.2; done")
+COUNTER = counting("/tmp/count", 0.2)
 
 
 def _start(tmp_path: Path, label: str, instance: str, port: int,

@@ -36,6 +36,7 @@ from e2b import Sandbox
 
 from tests.support import census
 from tests.support.cluster import Child, gateway, gateway_ready
+from tests.support.counter import counting
 from tests.support.etcd import EtcdCluster, etcd_cluster
 from tests.support.host import DATA_DIR
 from tests.support.s3 import moto_s3
@@ -145,8 +146,7 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
     try:
         assert cluster.get(f"bindings/{sbx.sandbox_id}")["node"] == "n0"  # type: ignore[index]
         # A counter that lives in memory only (a shell variable, shown in tmpfs).
-        sbx.commands.run("i=0; while true; do i=$((i+1)); echo $i > /dev/shm/c; sleep 0.1; done",
-                         background=True)  # fmt: skip
+        sbx.commands.run(counting("/dev/shm/c", 0.1), background=True)
         time.sleep(1)
         before = _counter(sbx)
         assert before > 0

@@ -14,6 +14,7 @@ import pytest
 from e2b import Sandbox
 
 from aenv.network.netns import list_netns
+from tests.support.counter import counting
 from tests.support.host import qemu_pids
 from tests.support.smallfs import MIB, SmallFs, small_fs
 
@@ -23,9 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 RESERVE_MIB = 128
 # A process with memory: one tick a second.
-# (written by rename: a pause can stop the guest between a `>`'s truncate and its write)
-COUNTER = ("i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
-           "mv /tmp/counter.new /tmp/counter; sleep 1; done")
+COUNTER = counting("/tmp/counter", 1)
 KEPT = "/home/user/kept.txt"
 
 

@@ -16,6 +16,7 @@ import pytest
 from e2b import Sandbox, SandboxState
 
 from aenv.vmm import memory
+from tests.support.counter import counting
 from tests.support.host import qemu_pids, vmm_of
 
 from .conftest import NodeProcess, running_node, start_node
@@ -23,7 +24,7 @@ from .conftest import NodeProcess, running_node, start_node
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 # A process that counts in RAM (tmpfs) every 0.1 s: alive and counting on = memory intact.
-COUNTER = "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/n; sleep 0.1; done'"
+COUNTER = "sh -c '" + counting("/dev/shm/n", 0.1) + "'"
 
 
 def _wait(cond: Callable[[], object], what: str, timeout: float = 30) -> None:

@@ -13,14 +13,14 @@ import pytest
 from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState, TimeoutException
 from e2b.exceptions import SandboxNotFoundException
 
+from tests.support.counter import counting
+
 from .conftest import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 # A process with memory: one tick a second (light enough for many VMs on a TCG host).
-# Written by rename: a pause can stop the guest between a `>`'s truncate and its write.
-COUNTER = ("i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
-           "mv /tmp/counter.new /tmp/counter; sleep 1; done")
+COUNTER = counting("/tmp/counter", 1)
 RANDOM = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
 
 

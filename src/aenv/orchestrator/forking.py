@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.network.egress import EgressPolicy
@@ -30,6 +32,7 @@ from aenv.orchestrator.states import HOLDS_CAPACITY, SandboxState
 from aenv.orchestrator.store import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator")
+_T = TypeVar("_T")
 S = SandboxState
 
 
@@ -80,35 +83,35 @@ class Forking:
             source = self.runtime.template(snap.template)
         except TemplateNotFound:
             source = None
-        if source is None and snap.origin:  # fetched: what its own node's template gave
-            o = snap.origin
-            return TemplateInfo(
-                template_id=snap.snapshot_id, aliases=list(snap.names), shape=snap.shape,
-                envd_version=str(o.get("envd_version") or FALLBACK_ENVD_VERSION),
-                build_id=snap.snapshot_id, created_at=snap.created_at,
-                env=dict(o.get("env") or {}),  # type: ignore[call-overload]
-                user=o.get("user"), workdir=o.get("workdir"),  # type: ignore[arg-type]
-            )  # fmt: skip
+        # Fetched with no template here: what its own node's template gave (its origin).
+        o = snap.origin if source is None and snap.origin else {}
+        env = dict(source.env) if source else dict(o.get("env") or {})  # type: ignore[call-overload]
         return TemplateInfo(
             template_id=snap.snapshot_id, aliases=list(snap.names), shape=snap.shape,
-            envd_version=source.envd_version if source else FALLBACK_ENVD_VERSION,
-            build_id=snap.snapshot_id, created_at=snap.created_at,
-            env=dict(source.env) if source else {}, user=source.user if source else None,
-            workdir=source.workdir if source else None,
+            envd_version=source.envd_version if source
+            else str(o.get("envd_version") or FALLBACK_ENVD_VERSION),
+            build_id=snap.snapshot_id, created_at=snap.created_at, env=env,
+            user=source.user if source else o.get("user"),  # type: ignore[arg-type]
+            workdir=source.workdir if source else o.get("workdir"),  # type: ignore[arg-type]
         )  # fmt: skip
 
     async def _resolve(self, name: str) -> TemplateInfo:
         """`resolve_template`, then the cluster: a snapshot another node or the snapshot
         store has is fetched here first."""
+        return await self._in_cluster(name, self.resolve_template)
+
+    async def _in_cluster(self, name: str, lookup: Callable[..., _T]) -> _T:
+        """`lookup(name)`; if it is not here, the cluster's copy (fetched here first) looked
+        up by id. TemplateNotFound (404) when neither has it."""
         try:
-            return self.resolve_template(name)
+            return lookup(name)
         except TemplateNotFound:
             if self.shared is None:
                 raise
             sid = await self.shared.locate(name)
             if sid is None:
                 raise
-        return self.resolve_template(sid, fetched=True)
+        return lookup(sid, fetched=True)
 
     def snapshot_list(self) -> list[SnapshotInfo]:
         """Every snapshot of this node that is not being deleted."""
@@ -134,15 +137,7 @@ class Forking:
 
     async def _find_shared(self, name: str) -> SnapshotInfo:
         """`find_snapshot`, then the cluster (fetched here if another node has it)."""
-        try:
-            return self.find_snapshot(name)
-        except TemplateNotFound:
-            if self.shared is None:
-                raise
-            sid = await self.shared.locate(name)
-            if sid is None:
-                raise
-        return self.find_snapshot(sid, fetched=True)
+        return await self._in_cluster(name, self.find_snapshot)
 
     def list_snapshots(
         self, sandbox_id: str | None = None, name: str | None = None,

@@ -9,12 +9,11 @@ import pytest
 
 from aenv.machines.api import AgentInit
 from tests.support import envd_client
+from tests.support.counter import counting
 
 pytestmark = pytest.mark.vm
 
-# Written by rename: a snapshot can stop the guest between a `>`'s truncate and its write.
-COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
-           "mv /tmp/counter.new /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 &")
+COUNTER = "nohup sh -c '" + counting("/tmp/counter", 0.2) + "' >/dev/null 2>&1 &"
 COUNTING = "; until [ -s /tmp/counter ]; do sleep 0.1; done"  # not a fixed sleep: a busy host
 
 
