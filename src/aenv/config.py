@@ -70,6 +70,9 @@ class StoreConfig(BaseModel):
     # Publish a sandbox's paused state when it pauses, so that it may resume on another
     # node (a sandbox's own `aenv.publish` metadata, "true" or "false", wins).
     publish_paused: bool = False
+    # Publish this node's templates (all but its default, which every node builds itself),
+    # so that a create from one works on any node, even once this node is gone.
+    publish_templates: bool = True
 
 
 class Config(BaseModel):
@@ -149,6 +152,8 @@ class Config(BaseModel):
     # The node's snapshot repository; default: data_dir/snapshots, shared by the instances
     # of one data directory. Nodes of one host that must not share it set their own.
     snapshots_path: Path | None = None
+    # The node's template catalog; default: data_dir/templates (as snapshots_path).
+    templates_path: Path | None = None
     # Template builds (E2B's build API): how many run at once, what their build VMs may reach
     # (CIDRs; "0.0.0.0/0" is the public internet, as E2B gives builds for apt-get and pip;
     # private and host ranges stay closed), and the largest build context archive.
@@ -218,7 +223,7 @@ class Config(BaseModel):
 
     @property
     def templates_dir(self) -> Path:
-        return self.data_dir / "templates"
+        return self.templates_path or self.data_dir / "templates"
 
     @property
     def images_dir(self) -> Path:
@@ -282,6 +287,7 @@ _SIMPLE_ENV = {
     "PUBLIC_URL": "public_url",
     "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
     "SNAPSHOTS_DIR": "snapshots_path",
+    "TEMPLATES_DIR": "templates_path",
 }
 
 
@@ -305,6 +311,7 @@ _STORE_ENV = {
     "STORE_REGION": "region",
     "STORE_CACHE_BYTES": "cache_bytes",
     "STORE_PUBLISH_PAUSED": "publish_paused",
+    "STORE_PUBLISH_TEMPLATES": "publish_templates",
 }
 
 

@@ -48,6 +48,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 TOKEN = "e2e-cluster-token"
 SLOT_NETWORKS = ("198.19.0.0/18", "198.19.64.0/18")
 BUCKET = "aenv-e2e"
+TEMPLATES = ("tpl-peer", "tpl-store")  # n0's alone: n1 fetches them from n0, from the store
 
 
 @dataclass
@@ -81,16 +82,31 @@ class Cluster:
         return v
 
 
-def _own_repository(root: Path) -> Path:
-    """A snapshot repository of its own for a node, holding only the base template's
-    snapshot (reflink copies): what another host of the cluster would have. On the data
-    filesystem, as every repository must be (restores clone from it)."""
-    root.mkdir()
-    sid = json.loads((DATA_DIR / "templates" / "base" / "template.json").read_text())[
-        "snapshot_id"]
-    subprocess.run(["cp", "-a", "--reflink=always", str(DATA_DIR / "snapshots" / sid),
-                    str(root / sid)], check=True)  # fmt: skip
-    return root
+def _own_catalog(root: Path, *extra: str) -> dict[str, str]:
+    """A template catalog and a snapshot repository of a node's own, holding the base
+    template (reflink copies): what another host of the cluster would have. On the data
+    filesystem, as every repository must be (restores clone from it). Each of `extra` is a
+    template of this node alone, base's files under another name and build id, made from
+    nothing the others hold (so a node that fetches it moves all of it)."""
+    templates, repo = root / "templates", root / "snapshots"
+    templates.mkdir(parents=True)
+    repo.mkdir()
+    base = json.loads((DATA_DIR / "templates" / "base" / "template.json").read_text())
+    for src, dst in ((DATA_DIR / "templates" / "base", templates / "base"),
+                     (DATA_DIR / "snapshots" / base["snapshot_id"], repo / base["snapshot_id"])):
+        subprocess.run(["cp", "-a", "--reflink=always", str(src), str(dst)], check=True)
+    for name in extra:
+        sid = f"tpl-{name}-{os.urandom(4).hex()}"
+        subprocess.run(["cp", "-a", "--reflink=always", str(repo / base["snapshot_id"]),
+                        str(repo / sid)], check=True)  # fmt: skip
+        for f, changes in (("manifest.json", {"names": [name], "template": name}),
+                           ("checksums.json", {})):  # fmt: skip
+            doc = json.loads((repo / sid / f).read_text())
+            (repo / sid / f).write_text(json.dumps({**doc, "snapshot_id": sid, **changes}))
+        (templates / name).mkdir()
+        (templates / name / "template.json").write_text(
+            json.dumps({**base, "name": name, "snapshot_id": sid}))
+    return {"AENV_TEMPLATES_DIR": str(templates), "AENV_SNAPSHOTS_DIR": str(repo)}
 
 
 @pytest.fixture(scope="module")
@@ -108,15 +124,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         nodes = []
         for i, (inst, net) in enumerate(zip(instances, SLOT_NETWORKS, strict=True)):
             (tmp / f"n{i}").mkdir()
-            # n0 holds one sandbox at most: a create beside its first goes to n1.
-            own = {"AENV_MAX_SANDBOXES": "1"}
-            if i == 1:
-                repo = DATA_DIR / f"snapshots-{inst}"
-                stack.callback(shutil.rmtree, repo, ignore_errors=True)
-                own = {"AENV_SNAPSHOTS_DIR": str(_own_repository(repo))}
+            own = DATA_DIR / f"catalog-{inst}"
+            stack.callback(shutil.rmtree, own, ignore_errors=True)
+            # n0 holds one sandbox at most (a create beside its first goes to n1), and two
+            # templates n1 lacks.
+            env = ({"AENV_MAX_SANDBOXES": "1", **_own_catalog(own, *TEMPLATES)} if i == 0
+                   else _own_catalog(own))  # fmt: skip
             nodes.append(stack.enter_context(running_node(
                 tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
-                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common, **own)))  # fmt: skip
+                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common, **env)))  # fmt: skip
         gw = gateway(tmp, "gateway", common, API_KEY)
         gw.start(gateway_ready(gw, len(nodes)))
         stack.callback(lambda: print(gw.tail(100)))
@@ -251,7 +267,31 @@ def _fetched(node: NodeProcess, snapshot_id: str) -> str:
     return lines[-1]
 
 
-def test_a_snapshot_of_a_full_node_creates_on_its_peer_and_from_the_store_once_it_is_gone(
+def _build_of(node: NodeProcess, template: str) -> str:
+    return json.loads((Path(node.env["AENV_TEMPLATES_DIR"]) / template / "template.json")
+                      .read_text())["snapshot_id"]  # fmt: skip
+
+
+def _template_copy(cluster: Cluster, sbx: Sandbox, template: str, source: str) -> None:
+    """`sbx`, made from `template` on n1, which fetched it (from `source`) as a copy: it
+    runs, n1 does not list the copy as its own, and the gateway lists the template once."""
+    n0, n1 = cluster.nodes
+    assert cluster.get(f"bindings/{sbx.sandbox_id}")["node"] == "n1"  # type: ignore[index]
+    assert sbx.commands.run("cat /etc/hostname && echo ok").stdout.endswith("ok\n")
+    line = _fetched(n1, _build_of(n0, template))
+    assert source in line and ("store" if source != "store" else "peer") not in line, line
+    assert f"template {template} (" in n1.log.read_text(errors="replace")
+    with n1.api() as c:
+        assert template not in [t["templateID"] for t in c.get("/templates").json()]
+        assert c.get(f"/templates/{template}").status_code == 200
+    assert template in (cluster.get("nodes/n1") or {}).get("cached", [])
+    with httpx.Client(base_url=cluster.gateway.origin, headers={"X-API-Key": API_KEY},
+                      timeout=30) as c:  # fmt: skip
+        listed = [t["templateID"] for t in c.get("/templates").json()]
+    assert listed.count(template) == (1 if source != "store" else 0), listed
+
+
+def test_a_snapshot_or_template_of_a_full_node_creates_on_its_peer_then_from_the_store(
     cluster: Cluster,
 ) -> None:
     n0, n1 = cluster.nodes
@@ -274,6 +314,10 @@ def test_a_snapshot_of_a_full_node_creates_on_its_peer_and_from_the_store_once_i
         # Its memory came too: the process the source ran runs here.
         assert a.commands.run("grep -lx sleep /proc/[0-9]*/comm").stdout.strip()
         assert "peer:n0" in _fetched(n1, one) and "store" not in _fetched(n1, one)
+        # A template n0 alone holds: n1 fetches it from n0 too.
+        t = Sandbox.create(template="tpl-peer", timeout=300)
+        made.append(t.sandbox_id)
+        _template_copy(cluster, t, "tpl-peer", "peer:n0")
 
         # Every snapshot is published; one whose node is gone comes from the store.
         src.commands.run("echo two > /home/user/f")
@@ -282,6 +326,11 @@ def test_a_snapshot_of_a_full_node_creates_on_its_peer_and_from_the_store_once_i
         entry = cluster.wait_for(f"published/{two}")
         assert entry is not None and entry["node"] == "n0" and entry["names"] == ["cross-two"]
         cluster.wait_for(f"published/{one}")
+        for name in TEMPLATES:  # and so is every template (but the default)
+            entry = cluster.wait_for(f"published/{_build_of(n0, name)}")
+            assert entry is not None and entry["kind"] == "template", entry
+            assert entry["names"] == [name] and entry["node"] == "n0", entry
+        assert cluster.get(f"published/{_build_of(n0, 'base')}") is None
         Sandbox.kill(src.sandbox_id)
         stop_node(n0)
         _nodes_seen(cluster, 1)
@@ -290,9 +339,14 @@ def test_a_snapshot_of_a_full_node_creates_on_its_peer_and_from_the_store_once_i
         assert b.commands.run("cat /home/user/f").stdout == "two\n"
         assert "store" in _fetched(n1, two) and "peer" not in _fetched(n1, two)
         assert a.commands.run("cat /home/user/f").stdout == "one\n"  # still its own
+        u = Sandbox.create(template="tpl-store", timeout=300)
+        made.append(u.sandbox_id)
+        _template_copy(cluster, u, "tpl-store", "store")
+        # The copy n1 fetched from n0 serves creates with n0 gone.
+        v = Sandbox.create(template="tpl-peer", timeout=300)
+        made.append(v.sandbox_id)
+        assert v.commands.run("echo ok").stdout == "ok\n"
     finally:
         for sid in made:
             with contextlib.suppress(Exception):
                 Sandbox.kill(sid)
-        for sid in taken:  # n0's own: in the shared repository, n0 no longer runs
-            shutil.rmtree(DATA_DIR / "snapshots" / sid, ignore_errors=True)

@@ -82,7 +82,8 @@ class NodeMembership:
         hot = getattr(runtime, "hot", None)
         accel = getattr(runtime, "accel", None)
         budget = memory_budget_mib(self.cfg)
-        templates = orch.templates()
+        templates = orch.templates(fetched=True)
+        own = [t for t in templates if not t.fetched]
         snapshots = orch.snapshot_list()
         memory_of: dict[str, int] = {}
         for snap in snapshots:
@@ -102,10 +103,10 @@ class NodeMembership:
                 hot_paused=len(hot.names()) if hot is not None else 0,
                 hot_rss_mib=hot.resident_mib() if hot is not None else 0,
             ),
-            templates=sorted(t.template_id for t in templates),
+            templates=sorted(t.template_id for t in own),
             snapshots=sorted(s.snapshot_id for s in snapshots),
             cached=self.sharing.cached() if self.sharing is not None else [],
-            shared=shared_names(snapshots),
+            shared=shared_names(snapshots, own),
             memory_of=memory_of,
             draining=not orch.accepting, started_at=self.started_at,
         )  # fmt: skip

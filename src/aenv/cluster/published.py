@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, ValidationError
 class PublishedEntry(BaseModel):
     snapshot_id: str
     names: list[str] = Field(default_factory=list)
-    kind: str = "snapshot"  # or "paused": a paused sandbox's state
+    kind: str = "snapshot"  # "template": a template's build; "paused": a paused sandbox's
     memory_mib: int
     node: str  # where it was taken
     created_at: str = ""  # RFC 3339, as the snapshot's

@@ -35,12 +35,14 @@ from aenv.cluster.peers import PeerChunks, describe
 from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_key
 from aenv.cluster.published import published_prefix as catalog_prefix
 from aenv.cluster.takeover import Takeover
-from aenv.machines.api import SnapshotInfo, TemplateNotFound
+from aenv.machines.api import SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.machines.machine import FORK_PREFIX
+from aenv.orchestrator.errors import NotFound
 from aenv.storage import checksums as sums
 from aenv.storage import lru
 from aenv.storage.extents import tree_usage
 from aenv.storage.snapshots import CHECKSUMS_FILE, Manifest, SnapshotCorrupt, SnapshotNotFound
+from aenv.storage.templates import Template, TemplateMissing
 from aenv.store import compat, transfer
 from aenv.store.objects import ObjectNotFound, ObjectStore, ObjectStoreError, open_store
 from aenv.store.published import Published, manifest_key
@@ -58,6 +60,7 @@ USED_FILE = "used"  # a fetched copy's last use: this file's mtime
 RETRY_S = 5.0  # a publish that failed (the store out of reach) is tried again after this
 LOOP_PAUSE_S = 0.5
 SWEEP_EVERY_S = 60.0  # fetched copies of snapshots the cluster no longer has are dropped
+TEMPLATES_EVERY_S = 2.0  # new templates (builds) are looked for this often, to publish
 
 
 class Sharing:
@@ -72,6 +75,7 @@ class Sharing:
         self.store: ObjectStore | None = open_store(
             cfg.store.url, endpoint_url=cfg.store.endpoint_url, region=cfg.store.region)
         self._pending: set[str] = set()
+        self._unpublishable: set[str] = set()
         self.takeover = Takeover(self)
         self.forks = Forks(self)
         self._paused: set[str] = set()  # paused sandboxes to publish
@@ -90,8 +94,8 @@ class Sharing:
     async def start(self) -> None:
         if self.store is not None:
             self._pending.update(s.snapshot_id for s in self.orch.snapshot_list()
-                                 if not (self.snapshots.path(s.snapshot_id)
-                                         / PUBLISHED_FILE).exists())  # fmt: skip
+                                 if not self._published(s.snapshot_id))  # fmt: skip
+            self._pending.update(self._unpublished_templates())
             self._task = asyncio.get_running_loop().create_task(self._publishing(),
                                                                 name="aenv-publish")  # fmt: skip
             self._kick.set()
@@ -108,8 +112,14 @@ class Sharing:
     # -- what the record says ---------------------------------------------------------------
 
     def cached(self) -> list[str]:
-        """Copies fetched here (peers may fetch from them too)."""
+        """Copies fetched here, snapshots and templates (peers may fetch from them too)."""
+        return sorted([*self._copies(), *(t.template_id for t in self._template_copies())])
+
+    def _copies(self) -> list[str]:
         return sorted(s.snapshot_id for s in self.runtime.list_snapshots() if s.fetched)
+
+    def _template_copies(self) -> list[TemplateInfo]:
+        return [t for t in self.orch.templates(fetched=True) if t.fetched]
 
     # -- Shared ------------------------------------------------------------------------------
 
@@ -146,8 +156,7 @@ class Sharing:
 
     async def _locate(self, name: str) -> str | None:
         try:
-            entries = [e for kv in (await self.etcd.get_prefix(catalog_prefix(self.prefix)))[0]
-                       if (e := parse_entry(kv.value)) is not None]  # fmt: skip
+            entries = await self._catalog()
             peers = await self._peers()
         except EtcdError as e:
             log.warning("looking for snapshot %s in the cluster: %s", name, e)
@@ -156,8 +165,10 @@ class Sharing:
         want = entry.snapshot_id if entry is not None else name
         if entry is not None and self._have(want):
             return want
+        # By name, a peer's own (or fetched) template too: `shared` holds template names.
+        by_name = entry is None or entry.kind == "template"
         holders = [p for p in peers if want in p.snapshots or want in p.cached
-                   or (entry is None and name in p.shared)]  # fmt: skip
+                   or (by_name and (name in p.shared or name in p.cached))]  # fmt: skip
         pub = None
         for peer in holders:
             pub = await describe(self.client, peer.url, want, self.cfg.cluster.token)
@@ -168,6 +179,9 @@ class Sharing:
                 pub = await asyncio.to_thread(transfer.published, self.store, want)
         if pub is None:
             return None
+        if pub.kind == "template":
+            return await self._take_template(pub, [(p.name, p.url) for p in holders],
+                                             from_store=entry is not None)  # fmt: skip
         sid = pub.snapshot_id
         if self._have(sid):
             return sid
@@ -175,14 +189,34 @@ class Sharing:
         await self._fetch(pub, sources, from_store=entry is not None)
         return sid
 
+    async def _take_template(self, pub: Published, peers: list[tuple[str, str]], *,
+                             from_store: bool) -> str:  # fmt: skip
+        """Another node's template, here as a fetched copy: its snapshot (the files every
+        create clones), then its catalog entry. Its rootfs image is not fetched: a build
+        from it runs where it was built (builds run on one node)."""
+        t = Template.from_json(pub.origin)  # a template's Published carries its record
+        with contextlib.suppress(TemplateMissing):
+            self.runtime.catalog.get(t.name)
+            return t.name  # here meanwhile
+        if not self.runtime.has_snapshot(t.snapshot_id):
+            await self._fetch(pub, peers, from_store=from_store)
+        t.fetched = {"at": time.time(), "from": [n for n, _ in peers] or ["store"]}
+        self.runtime.catalog.put(t)
+        self.used(t.snapshot_id)
+        log.info("template %s (%s) fetched", t.name, t.snapshot_id)
+        return t.name
+
     def _have(self, snapshot_id: str) -> bool:
         try:
             self.runtime.snapshot_info(snapshot_id)
         except TemplateNotFound:
             return False
+        self.used(snapshot_id)
+        return True
+
+    def used(self, snapshot_id: str) -> None:
         with contextlib.suppress(OSError):
             (self.snapshots.path(snapshot_id) / USED_FILE).touch()
-        return True
 
     async def _peers(self) -> list[NodeRecord]:
         kvs, _ = await self.etcd.get_prefix(nodes_prefix(self.prefix))
@@ -257,14 +291,16 @@ class Sharing:
                 await self.sweep()
 
     async def sweep(self) -> list[str]:
-        """Fetched copies of snapshots the cluster no longer has (deleted on their node:
-        neither in the catalog nor any member's own), unless a restore uses them."""
-        copies = self.cached()
-        if not copies:
+        """Fetched copies the cluster no longer has, unless a restore uses them: snapshots
+        deleted on their node (neither in the catalog nor any member's own), templates no
+        member holds any more or holds as another build."""
+        copies, templates = self._copies(), self._template_copies()
+        if not copies and not templates:
             return []
         kvs, _ = await self.etcd.get_prefix(catalog_prefix(self.prefix))
         known = {kv.key.rsplit("/", 1)[1] for kv in kvs}
-        for p in await self._peers():
+        peers = await self._peers()
+        for p in peers:
             known.update(p.snapshots)
         gone = [sid for sid in copies
                 if sid not in known and not self.orch._snap_refs.in_use(sid)]  # fmt: skip
@@ -272,12 +308,28 @@ class Sharing:
             with contextlib.suppress(TemplateNotFound):
                 await asyncio.to_thread(self.runtime.delete_snapshot, sid)
             log.info("fetched snapshot %s dropped: the cluster no longer has it", sid)
+        for t in templates:
+            if t.build_id in known or self.orch._snap_refs.in_use(t.build_id):
+                continue  # published to the store: this very build stays fetchable
+            builds = [pub.snapshot_id for p in peers if t.template_id in p.shared
+                      if (pub := await describe(self.client, p.url, t.template_id,
+                                                self.cfg.cluster.token)) is not None]  # fmt: skip
+            if t.build_id not in builds and (builds or not any(
+                    t.template_id in p.shared for p in peers)):  # fmt: skip
+                self._drop_template(t, "the cluster no longer has this build")
+                gone.append(t.template_id)
         return gone
 
+    def _drop_template(self, t: TemplateInfo, why: str) -> None:
+        with contextlib.suppress(TemplateNotFound, NotFound):
+            self.orch.delete_snapshot(t.template_id)  # a copy: its publication stays
+        log.info("fetched template %s (%s) dropped: %s", t.template_id, t.build_id, why)
+
     def evict(self) -> list[str]:
-        """Fetched copies beyond `[store] cache_bytes`, least recently used first."""
-        copies = {s.snapshot_id: self.snapshots.path(s.snapshot_id)
-                  for s in self.runtime.list_snapshots() if s.fetched}  # fmt: skip
+        """Fetched copies, snapshots and templates, beyond `[store] cache_bytes`, least
+        recently used first."""
+        templates = {t.build_id: t for t in self._template_copies()}
+        copies = {sid: self.snapshots.path(sid) for sid in [*self._copies(), *templates]}
         used = {}
         for sid, d in copies.items():
             with contextlib.suppress(OSError):
@@ -287,6 +339,9 @@ class Sharing:
         out = lru.evictions(copies, used, pinned, lambda keep: sum(sizes[k] for k in keep),
                             self.cfg.store.cache_bytes)  # fmt: skip
         for sid in out:
+            if sid in templates:
+                self._drop_template(templates[sid], "evicted from the cache")
+                continue
             with contextlib.suppress(TemplateNotFound):
                 self.runtime.delete_snapshot(sid)
             log.info("fetched snapshot %s evicted from the cache", sid)
@@ -296,8 +351,10 @@ class Sharing:
 
     async def _publishing(self) -> None:
         while True:
-            await self._kick.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), TEMPLATES_EVERY_S)
             self._kick.clear()
+            self._pending.update(self._unpublished_templates())
             failed = False
             for sid in sorted(self._paused):
                 try:
@@ -319,8 +376,10 @@ class Sharing:
                 try:
                     await self.publish(sid)
                     self._pending.discard(sid)
-                except (SnapshotNotFound, SnapshotCorrupt, TemplateNotFound):
+                except (SnapshotNotFound, SnapshotCorrupt, TemplateNotFound) as e:
                     self._pending.discard(sid)
+                    self._unpublishable.add(sid)  # a template's: not looked for again
+                    log.info("snapshot %s not published: %s", sid, e)
                 except (ObjectStoreError, EtcdError, OSError, transfer.TransferError) as e:
                     log.warning("publishing snapshot %s: %s (tried again)", sid, e)
                     failed = True
@@ -333,27 +392,75 @@ class Sharing:
         self._kick.set()
 
     async def publish(self, snapshot_id: str) -> transfer.Moved:
-        """Into the store, then into the catalog."""
+        """A snapshot of this node, or the snapshot of one of its templates (by its build
+        id): into the store, then into the catalog."""
         assert self.store is not None
-        snap = self.runtime.snapshot_info(snapshot_id)  # TemplateNotFound: gone meanwhile
-        if snap.fetched:
-            raise TemplateNotFound(snapshot_id)  # its own node publishes it
         d = self.snapshots.path(snapshot_id)
         man = self.snapshots.get(snapshot_id)
-        moved, pub = await asyncio.to_thread(self._publish_files, snapshot_id, man)
-        entry = PublishedEntry(snapshot_id=snapshot_id, names=list(snap.names),
-                               memory_mib=snap.shape.memory_mib, node=self.node,
-                               created_at=snap.created_at, published_at=pub.published_at,
-                               logical_bytes=pub.logical_bytes())  # fmt: skip
+        entry, origin = self._entry(snapshot_id)
+        older = [] if entry.kind != "template" else [  # its earlier builds
+            e.snapshot_id for e in await self._catalog()
+            if e.kind == "template" and e.node == self.node and e.snapshot_id != snapshot_id
+            and set(e.names) & set(entry.names)]  # fmt: skip
+        moved, pub = await asyncio.to_thread(self._publish_files, snapshot_id, man,
+                                             entry.kind, origin)  # fmt: skip
+        entry.published_at, entry.logical_bytes = pub.published_at, pub.logical_bytes()
         await self.etcd.put(published_key(self.prefix, snapshot_id), entry.model_dump_json())
+        for old in older:  # a template's earlier builds: its publication is its newest
+            await self._unpublish(old)
         if not d.exists():  # deleted while it was published: so is its publication
             await self._unpublish(snapshot_id)
             raise SnapshotNotFound(snapshot_id)
         (d / PUBLISHED_FILE).write_text(json.dumps(
-            {"at": pub.published_at, "moved_bytes": moved.moved_bytes}))
-        log.info("published snapshot %s: %d of %d MiB sent", snapshot_id,
+            {"at": pub.published_at, "moved_bytes": moved.moved_bytes,
+             "store": self.cfg.store.url}))  # fmt: skip
+        log.info("published %s %s: %d of %d MiB sent", entry.kind, snapshot_id,
                  moved.moved_bytes >> 20, moved.logical_bytes >> 20)  # fmt: skip
         return moved
+
+    def _unpublished_templates(self) -> list[str]:
+        """The build ids of this node's own templates not yet published (none unless
+        `[store] publish_templates`; never the default template: every node has its own)."""
+        if not self.cfg.store.publish_templates:
+            return []
+        return [t.snapshot_id for t in self.runtime.catalog.list()
+                if t.fetched is None and t.name != self.cfg.default_template
+                and self.snapshots.path(t.snapshot_id).is_dir()
+                and t.snapshot_id not in self._unpublishable
+                and not self._published(t.snapshot_id)]  # fmt: skip
+
+    def _published(self, snapshot_id: str) -> bool:
+        """Whether this node published `snapshot_id` to its store (the mark names the store:
+        a template's snapshot may be in a repository several nodes share)."""
+        try:
+            mark = json.loads((self.snapshots.path(snapshot_id) / PUBLISHED_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(mark, dict) and mark.get("store", self.cfg.store.url) == (
+            self.cfg.store.url)
+
+    def _entry(self, snapshot_id: str) -> tuple[PublishedEntry, dict[str, object]]:
+        """The catalog entry a publish of `snapshot_id` writes and the origin its
+        `Published` carries. TemplateNotFound if it is not this node's own (gone meanwhile,
+        or a fetched copy: its node publishes it)."""
+        with contextlib.suppress(TemplateNotFound):
+            snap = self.runtime.snapshot_info(snapshot_id)
+            if snap.fetched:
+                raise TemplateNotFound(snapshot_id)
+            return PublishedEntry(snapshot_id=snapshot_id, names=list(snap.names),
+                                  memory_mib=snap.shape.memory_mib, node=self.node,
+                                  created_at=snap.created_at), self._origin(snapshot_id)
+        t = next((t for t in self.runtime.catalog.list()
+                  if t.snapshot_id == snapshot_id and t.fetched is None), None)  # fmt: skip
+        if t is None:
+            raise TemplateNotFound(snapshot_id)
+        return PublishedEntry(snapshot_id=snapshot_id, names=[t.name, *t.aliases],
+                              kind="template", memory_mib=t.shape.memory_mib, node=self.node,
+                              created_at=t.created_at), self._carried(t)
+
+    async def _catalog(self) -> list[PublishedEntry]:
+        return [e for kv in (await self.etcd.get_prefix(catalog_prefix(self.prefix)))[0]
+                if (e := parse_entry(kv.value)) is not None]  # fmt: skip
 
     def describe(self, name: str) -> Published:
         """What this node holds as `name` (its own or a fetched copy, or a fork's snapshot
@@ -365,6 +472,12 @@ class Sharing:
                 snapshot_id=name, created_at=man.created_at,
                 files={f: sums.file_sums(d / f) for f in man.files})  # fmt: skip
             return transfer.describe(d, record, compat=self._compat(man))
+        with contextlib.suppress(TemplateNotFound, TemplateMissing):
+            t = self.runtime.catalog.get(self.orch.template(name).template_id)
+            man = self.snapshots.get(t.snapshot_id)
+            return transfer.describe(self.snapshots.path(t.snapshot_id),
+                                     self._record(t.snapshot_id), kind="template",
+                                     compat=self._compat(man), origin=self._carried(t))
         snap = self.orch.find_snapshot(name, fetched=True)  # TemplateNotFound
         man = self.snapshots.get(snap.snapshot_id)
         return transfer.describe(self.snapshots.path(snap.snapshot_id),
@@ -375,13 +488,13 @@ class Sharing:
                              ) -> list[object]:  # fmt: skip
         return await self.forks.elsewhere(snapshot_id, kids)
 
-    def _publish_files(self, snapshot_id: str, man: Manifest
-                       ) -> tuple[transfer.Moved, Published]:  # fmt: skip
+    def _publish_files(self, snapshot_id: str, man: Manifest, kind: str,
+                       origin: dict[str, object]) -> tuple[transfer.Moved, Published]:  # fmt: skip
         assert self.store is not None
         d = self.snapshots.path(snapshot_id)
         record = self._record(snapshot_id)
-        moved = transfer.publish(self.store, d, record, compat=self._compat(man),
-                                 origin=self._origin(snapshot_id))  # fmt: skip
+        moved = transfer.publish(self.store, d, record, kind=kind, compat=self._compat(man),
+                                 origin=origin)  # fmt: skip
         return moved, transfer.published(self.store, snapshot_id)
 
     def _record(self, snapshot_id: str) -> sums.ChecksumRecord:
@@ -394,6 +507,12 @@ class Sharing:
 
     def _compat(self, man: Manifest) -> compat.Compat:
         return compat.snapshot_compat(self.cfg, Path(man.kernel), Path(man.tools), self.accel())
+
+    @staticmethod
+    def _carried(t: Template) -> dict[str, object]:
+        """What a template's `Published` carries as its origin: its record, as its own node
+        has it (a copy's `fetched` mark is the fetching node's to set)."""
+        return {**t.to_json(), "fetched": None}
 
     def _origin(self, snapshot_id: str) -> dict[str, object]:
         info = self.orch.resolve_template(snapshot_id, fetched=True)
@@ -413,6 +532,9 @@ class Sharing:
         t.add_done_callback(self._background.discard)
 
 
-def shared_names(snaps: Iterable[SnapshotInfo]) -> list[str]:
-    """The ids and names of the node's own snapshots: what peers may fetch from it."""
-    return sorted({n for s in snaps for n in (s.snapshot_id, *s.names)})
+def shared_names(snaps: Iterable[SnapshotInfo], templates: Iterable[TemplateInfo] = ()
+                 ) -> list[str]:  # fmt: skip
+    """The ids and names of the node's own snapshots and templates: what peers may fetch
+    from it."""
+    return sorted({n for s in snaps for n in (s.snapshot_id, *s.names)}
+                  | {n for t in templates for n in (t.template_id, *t.aliases)})

@@ -32,6 +32,7 @@ class TemplateInfo:
     user: str | None = None
     workdir: str | None = None
     source: str = ""  # what it was made from: a recipe, an image@digest, template:NAME
+    fetched: bool = False  # a copy of another node's (Template.fetched)
 
 
 @dataclass

@@ -80,7 +80,7 @@ class Cloning:
             template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,
             envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,
             size_bytes=t.rootfs_bytes, env=dict(t.env), user=t.user, workdir=t.workdir,
-            source=t.source_image or f"recipe:{t.recipe}",
+            source=t.source_image or f"recipe:{t.recipe}", fetched=t.fetched is not None,
         )
 
     async def restore(self, name: str, snapshot_id: str | None) -> Machine:

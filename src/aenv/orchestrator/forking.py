@@ -98,7 +98,10 @@ class Forking:
     async def _resolve(self, name: str) -> TemplateInfo:
         """`resolve_template`, then the cluster: a snapshot another node or the snapshot
         store has is fetched here first."""
-        return await self._in_cluster(name, self.resolve_template)
+        info = await self._in_cluster(name, self.resolve_template)
+        if info.fetched and self.shared is not None:
+            self.shared.used(info.build_id)
+        return info
 
     async def _in_cluster(self, name: str, lookup: Callable[..., _T]) -> _T:
         """`lookup(name)`; if it is not here, the cluster's copy (fetched here first) looked
@@ -168,9 +171,12 @@ class Forking:
                                   "remove") from None
             self.runtime.remove_template(info.template_id)
             snapshot_id = info.build_id  # the template's snapshot, deleted like any other
+            own = not info.fetched  # a fetched copy's publication is its own node's
+        else:
+            own = True
         if self._snap_refs.doom(snapshot_id):
             self._delete_snapshot_files(snapshot_id)
-        if self.shared is not None:
+        if self.shared is not None and own:
             self.shared.deleted(snapshot_id)
         OPS_TOTAL.labels("snapshot_delete", "ok").inc()
         log_event(log, "snapshot.deleted", snapshot_id=snapshot_id,

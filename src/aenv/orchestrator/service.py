@@ -207,8 +207,9 @@ class Orchestrator(Pausing, Forking):
 
     # -- reads -----------------------------------------------------------------------------
 
-    def templates(self, *, usage: bool = False) -> list[TemplateInfo]:
-        return self.runtime.templates(usage=usage)
+    def templates(self, *, usage: bool = False, fetched: bool = False) -> list[TemplateInfo]:
+        """This node's templates; with `fetched`, the copies it fetched from others too."""
+        return [t for t in self.runtime.templates(usage=usage) if fetched or not t.fetched]
 
     def template(self, name: str) -> TemplateInfo:
         return self.runtime.template(name)

@@ -26,8 +26,13 @@ class Shared(Protocol):
     sharing.py). None on a standalone node."""
 
     async def locate(self, name: str) -> str | None:
-        """The id of the snapshot `name` (an id or a name) names in the cluster, fetched
-        to this node if it lacks it; None if no node and no store has one."""
+        """What `name` (an id or a name) names in the cluster, fetched to this node if it
+        lacks it: a snapshot's id, or a template's name; None if no node and no store has
+        one."""
+
+    def used(self, snapshot_id: str) -> None:
+        """A create is about to restore from `snapshot_id`, a copy fetched here (a cache
+        entry: the least recently used go first)."""
 
     def taken(self, snap: SnapshotInfo) -> None:
         """A snapshot was just taken here (it may be published)."""

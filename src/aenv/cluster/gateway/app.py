@@ -397,8 +397,8 @@ class Gateway:
         """The node `req` goes to: placed now, or (a retry with an idempotency key) where
         an earlier try placed it. None once an error is sent."""
         assert self.etcd is not None and self.members is not None
-        # A snapshot any node may fetch (a peer shares it, or the store has it) may go to any
-        # node (holders first: the policy prefers them); a template only where it is.
+        # A template or snapshot any node may fetch (a peer shares it as its own, or the
+        # store has it) may go to any node (holders first: the policy prefers them).
         assert self.published is not None
         fetchable = any(req.template in n.shared for n in nodes) or newest(
             list(self.published.items.values()), req.template) is not None
