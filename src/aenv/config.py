@@ -54,6 +54,9 @@ class ClusterConfig(BaseModel):
     # sandbox id it bound, and only a request carrying this token may.
     token: str = ""
     gateway_port: int = 8080  # `aenv gateway` listens here (on `host`)
+    # A node absent this long (no member record) is forgotten: its bindings and reservation
+    # go, but those of sandboxes whose paused state is published (cluster/forgetting.py).
+    forget_lost_after_s: int = Field(3600, ge=60)
 
 
 class StoreConfig(BaseModel):
@@ -303,6 +306,7 @@ _CLUSTER_ENV = {
     "CLUSTER_LEASE_TTL_S": "lease_ttl_s",
     "CLUSTER_TOKEN": "token",
     "GATEWAY_PORT": "gateway_port",
+    "CLUSTER_FORGET_LOST_AFTER_S": "forget_lost_after_s",
 }
 
 _STORE_ENV = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 import aenv
 from aenv.cluster.bindings import Held, NodeBindings
 from aenv.cluster.etcd import Etcd, EtcdError
+from aenv.cluster.forgetting import EVERY_S as FORGET_EVERY_S
+from aenv.cluster.forgetting import Forgetting
 from aenv.cluster.identity import node_name, node_url
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
 from aenv.cluster.sharing import Sharing, shared_names
@@ -64,6 +67,9 @@ class NodeMembership:
         self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held,
                                      free=self._free)  # fmt: skip
         self._guard: asyncio.Task[None] | None = None
+        self.forgetting = Forgetting(self.etcd, cfg.cluster.prefix,
+                                     cfg.cluster.forget_lost_after_s)  # fmt: skip
+        self._forget: asyncio.Task[None] | None = None
         # Snapshots shared with the other nodes (a runtime with a snapshot repository).
         self.sharing: Sharing | None = None
         if isinstance(getattr(orchestrator.runtime, "snapshots", None), SnapshotStore):
@@ -118,6 +124,17 @@ class NodeMembership:
             await self.sharing.start()
         self._guard = asyncio.get_running_loop().create_task(self._guarding(),
                                                              name="aenv-fence")  # fmt: skip
+        self._forget = asyncio.get_running_loop().create_task(self._forgetting(),
+                                                              name="aenv-forget")  # fmt: skip
+
+    async def _forgetting(self) -> None:
+        """Nodes that never come back are forgotten (cluster/forgetting.py)."""
+        while True:
+            await asyncio.sleep(FORGET_EVERY_S)
+            try:
+                await self.forgetting.round()
+            except EtcdError as e:
+                logging.getLogger("aenv.cluster").info("looking for nodes to forget: %s", e)
 
     async def _guarding(self) -> None:
         """Fencing, checked every GUARD_EVERY_S without a call to etcd (one that hangs
@@ -186,6 +203,7 @@ class NodeMembership:
         """After the orchestrator closed: etcd is let go."""
         try:
             await cancel(self._guard)
+            await cancel(self._forget)
             await self.bindings.stop()
             if self.sharing is not None:
                 await self.sharing.close()
