@@ -264,7 +264,7 @@ class Sharing:
             man = Manifest.from_json(dict(pub.manifest))
             man.kernel, man.tools = str(kernel), str(tools)
             man.fetched = {"at": time.time(), "from": sorted(moved.by_source),
-                           "origin": pub.origin}  # fmt: skip
+                           "origin": pub.origin, "instance": self.cfg.instance}  # fmt: skip
             (stage / USED_FILE).touch()
             return man
 

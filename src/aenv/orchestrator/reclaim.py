@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -77,7 +78,7 @@ def reclaim(cfg: Config, snapshots: SnapshotStore, *, live_vms: set[str],
     step("cgroups", [f"cgroup:{prefix}{g}" for g in groups])
     step("network", slot_pool.reclaim_orphans(prefix, keep_slots))
     step("mounts", _unmount([r.name for r in c.of("mount")], [r.name for r in c.of("loop")]))
-    step("files", _files(cfg.sandboxes_dir, snapshots, set(keep_dirs)))
+    step("files", _files(cfg.sandboxes_dir, snapshots, set(keep_dirs), cfg.instance))
     log_event(log, "recovery.reclaim", reclaimed=len(out.items),
               **{f"{k}_ms": v for k, v in out.ms.items()})  # fmt: skip
     return out
@@ -114,7 +115,8 @@ def _unmount(mounts: list[str], loops: list[str]) -> list[str]:
     return [f"mount:{m}" for m in mounts] + [f"loop:{d}" for d in loops]
 
 
-def _files(vm_root: Path, snapshots: SnapshotStore, keep: set[str]) -> list[str]:
+def _files(vm_root: Path, snapshots: SnapshotStore, keep: set[str], instance: str
+           ) -> list[str]:  # fmt: skip
     if not vm_root.exists():
         return []
     out = []
@@ -126,14 +128,28 @@ def _files(vm_root: Path, snapshots: SnapshotStore, keep: set[str]) -> list[str]
             remove_tree(p)
             out.append(f"dir:{p.name}")
     # A fork that died with the node leaves its transient snapshot, whether its source was
-    # kept or not (no fork runs before the node takes calls).
+    # kept or not (no fork runs before the node takes calls); so does one this instance
+    # fetched from another node to start some of that node's fork children.
     names = {p.name for p in entries}
     for snap in snapshots.list():
-        if snap.startswith(FORK_PREFIX) and snap[len(FORK_PREFIX):].rsplit("-", 1)[0] in names:
+        if snap.startswith(FORK_PREFIX) and (
+                snap[len(FORK_PREFIX):].rsplit("-", 1)[0] in names
+                or _fetched_by(snapshots, snap) == instance):  # fmt: skip
             with contextlib.suppress(SnapshotNotFound):
                 snapshots.delete(snap)
             out.append(f"snapshot:{snap}")
     return out
+
+
+def _fetched_by(snapshots: SnapshotStore, snapshot_id: str) -> str | None:
+    """The instance that fetched this copy (its manifest's `fetched`), read as it is: a
+    leftover need not be whole."""
+    try:
+        fetched = json.loads((snapshots.path(snapshot_id) / "manifest.json").read_text())[
+            "fetched"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(fetched.get("instance")) if isinstance(fetched, dict) else None
 
 
 async def reclaim_runtime(rt: Runtime, keep: Iterable[str] = ()) -> list[str]:
