@@ -22,11 +22,13 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, Response
+from pydantic import BaseModel, ValidationError
 
 from aenv.api.apierror import ApiError
 from aenv.api.sandboxes import fork_results
 from aenv.api.takeover import sharing_of
 from aenv.cluster import wire
+from aenv.cluster.takeover import record_of
 from aenv.machines.api import TemplateNotFound
 from aenv.orchestrator.states import PUBLIC_STATE
 from aenv.storage.snapshots import FILES, SnapshotCorrupt, SnapshotNotFound
@@ -93,15 +95,29 @@ async def snapshot_file(request: Request, snapshot_id: str, file: str) -> FileRe
                         media_type="application/octet-stream")
 
 
+class ForkSource(BaseModel):
+    node: str
+    url: str
+
+
+class ForkChildren(BaseModel):
+    """What a fork's node sends a node with room for some of its children."""
+
+    snapshot: str
+    source: ForkSource
+    children: list[dict[str, Any]]
+
+
 @router.post("/fork-children")
 async def fork_children(request: Request) -> Any:
     """Children of a fork on another node that lacked room for them: their records and the
     fork's snapshot (fetched from that node) are here; one entry each, as a fork's."""
-    body = await request.json()
     try:
-        snapshot, source = str(body["snapshot"]), body["source"]
-        name, url, kids = str(source["node"]), str(source["url"]), list(body["children"])
-    except (KeyError, TypeError, ValueError):
-        raise ApiError(400, "expected {snapshot, source: {node, url}, children: [...]}") from None
-    results = await sharing_of(request).forks.here(snapshot, name, url, kids)
+        body = ForkChildren.model_validate_json(await request.body())
+        kids = [record_of(k) for k in body.children]
+    except (ValidationError, KeyError, TypeError, ValueError):
+        raise ApiError(400, "expected {snapshot, source: {node, url}, children: [sandbox "
+                       "records]}") from None  # fmt: skip
+    results = await sharing_of(request).forks.here(body.snapshot, body.source.node,
+                                                   body.source.url, kids)  # fmt: skip
     return fork_results(request, results)

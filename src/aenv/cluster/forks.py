@@ -24,7 +24,7 @@ import httpx
 from aenv.cluster import wire
 from aenv.cluster.identity import node_url
 from aenv.cluster.peers import describe
-from aenv.cluster.takeover import record_json, record_of
+from aenv.cluster.takeover import record_json
 from aenv.machines.api import TemplateNotFound
 from aenv.orchestrator.errors import CapacityExhausted, NotFound, Unavailable
 from aenv.orchestrator.requests import FULL_RETRY_AFTER_S
@@ -77,10 +77,9 @@ class Forks:
             return [Unavailable(f"the node at {url} did not start it: {e}") for _ in kids]
         return [a if isinstance(a, dict) else Unavailable(str(a)) for a in got]
 
-    async def here(self, snapshot_id: str, source: str, url: str, kids: list[dict[str, Any]]
+    async def here(self, snapshot_id: str, source: str, url: str, records: list[SandboxRecord]
                    ) -> list[SandboxRecord | BaseException]:  # fmt: skip
         s = self.s
-        records = [record_of(k) for k in kids]
         pub = await describe(s.client, url, snapshot_id, s.cfg.cluster.token)
         if pub is None:
             raise NotFound(f"fork snapshot {snapshot_id} is not on node {source}")

@@ -20,6 +20,7 @@ from websockets.asyncio.client import connect
 
 from aenv.api.app import Node
 from aenv.api.proxy import file_signature
+from aenv.cluster import wire
 from aenv.cluster.etcd import Etcd
 from aenv.cluster.gateway.app import Gateway
 from aenv.cluster.placement import PlacementRequest, binding, place, reservations
@@ -254,6 +255,15 @@ async def test_refused_creates_give_their_reservation_back_and_full_is_429(
             assert r.status_code == 403, r.text
             r = await direct.get("/cluster/v1/sandboxes/" + a["sandboxID"])
             assert r.status_code == 404  # the internal routes need the token
+            # With it, a malformed fork-children body is a 400 with a message, never a 500.
+            good = {"snapshot": "fork-x-1", "source": {"node": "n0", "url": "http://n0"}}
+            for bad in (b"{not json", b"[]", json.dumps({**good, "children": 3}).encode(),
+                        json.dumps({"snapshot": "s", "source": {}, "children": []}).encode(),
+                        json.dumps({**good, "children": [{"sandbox_id": "k"}]}).encode()):
+                r = await direct.post("/cluster/v1/fork-children", content=bad,
+                                      headers={wire.TOKEN_HEADER: TOKEN})  # fmt: skip
+                assert r.status_code == 400, (bad, r.text)
+                assert r.json()["code"] == 400 and "expected" in r.json()["message"]
         for s in (a, b):
             await api.delete(f"/sandboxes/{s['sandboxID']}")
 
