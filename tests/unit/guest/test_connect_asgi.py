@@ -4,6 +4,7 @@ server-stream framing, error codes and statuses, the access token, HTTP routes."
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import struct
@@ -194,6 +195,18 @@ async def test_files_roundtrip_in_process(app: AgentApp, tmp_path: Path) -> None
     assert r.headers["content-length"] == "9"
     r = await call(app, "GET", "/files", query=f"path={tmp_path}")
     assert r.status == 400 and r.json()["code"] == 400
+
+
+async def test_a_pseudo_file_is_read_to_its_end(app: AgentApp, tmp_path: Path) -> None:
+    """/proc files report 0 bytes: their content is read to EOF, not to st_size."""
+    r = await call(app, "GET", "/files", query="path=/proc/self/status")
+    assert r.status == 200 and b"Pid:" in r.body and "content-length" not in r.headers
+    gz = await call(app, "GET", "/files", headers={"Accept-Encoding": "gzip"},
+                    query="path=/proc/self/status")  # fmt: skip
+    assert gz.status == 200 and b"Pid:" in gzip.decompress(gz.body)
+    (tmp_path / "empty").write_bytes(b"")  # a file that is empty is still empty
+    r = await call(app, "GET", "/files", query=f"path={tmp_path / 'empty'}")
+    assert r.status == 200 and r.body == b""
 
 
 async def test_fifos_are_refused_without_blocking(app: AgentApp, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import os
 import posixpath
 import stat as st
 import zlib
+from collections.abc import Iterator
 from urllib.parse import quote
 
 from . import signing
@@ -117,6 +118,28 @@ def _wants_gzip(accept: str) -> bool:
     return offered == ["gzip"]
 
 
+def _range_chunks(fd: int, start: int, end: int) -> Iterator[bytes]:
+    pos = start
+    while pos < end:
+        chunk = os.pread(fd, min(READ_CHUNK, end - pos), pos)
+        if not chunk:
+            return  # truncated meanwhile
+        pos += len(chunk)
+        yield chunk
+
+
+async def _send_body(send: Send, chunks: Iterator[bytes], gzip: bool) -> None:
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if gzip else None
+    for chunk in chunks:
+        if compressor is not None:
+            chunk = compressor.compress(chunk)
+            if not chunk:
+                continue
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    tail = compressor.flush() if compressor is not None else b""
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
 class FilesEndpoint:
     """The /files handlers (one instance per agent)."""
 
@@ -158,6 +181,9 @@ class FilesEndpoint:
             (b"accept-ranges", b"bytes"),
             (b"vary", b"Accept-Encoding"),
         ]
+        if size == 0:
+            # Empty, or a pseudo-file that reports 0 bytes (/proc, /sys): read to EOF.
+            return await self._stream_to_eof(req, send, fd, headers)
         status, start, end = 200, 0, size
         range_header = req.headers.get("range")
         if range_header:
@@ -172,20 +198,16 @@ class FilesEndpoint:
         else:
             headers.append((b"content-length", str(end - start).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if gzip else None
-        pos = start
-        while pos < end:
-            chunk = os.pread(fd, min(READ_CHUNK, end - pos), pos)
-            if not chunk:
-                break  # truncated meanwhile
-            pos += len(chunk)
-            if compressor is not None:
-                chunk = compressor.compress(chunk)
-                if not chunk:
-                    continue
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        tail = compressor.flush() if compressor is not None else b""
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        await _send_body(send, _range_chunks(fd, start, end), gzip)
+
+    async def _stream_to_eof(self, req: Request, send: Send, fd: int,
+                             headers: list[tuple[bytes, bytes]]) -> None:  # fmt: skip
+        """A file of unknown size: no ranges, no content-length (chunked)."""
+        gzip = _wants_gzip(req.headers.get("accept-encoding", ""))
+        if gzip:
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await _send_body(send, iter(lambda: os.read(fd, READ_CHUNK), b""), gzip)
 
     # --- upload -----------------------------------------------------------------------------
 
