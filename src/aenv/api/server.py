@@ -16,6 +16,7 @@ import uvicorn
 
 from aenv.api.app import Node
 from aenv.api.serving import GracefulServer, listen, tls_options
+from aenv.api.welcome import first_contact
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
@@ -31,6 +32,11 @@ class _Server(GracefulServer):
     async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        await super().startup(sockets)
+        if not self.should_exit:  # serving: say how to reach it
+            print(first_contact(self.node.config), flush=True)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:

@@ -1,0 +1,39 @@
+"""What `aenv server` prints once it serves: where it is, where its key is, and the lines an
+E2B client needs to reach it (README, "First steps")."""
+
+from __future__ import annotations
+
+import shlex
+
+from aenv.api.auth import api_key_path
+from aenv.config import Config
+
+_ANY = {"0.0.0.0", "::", ""}
+
+
+def origin(config: Config) -> str:
+    """The origin a client on this host reaches the node at."""
+    if config.public_url:
+        return config.public_url.rstrip("/")
+    scheme = "https" if config.tls_cert_file is not None else "http"
+    host = "127.0.0.1" if config.host in _ANY else config.host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{config.port}"
+
+
+def first_contact(config: Config) -> str:
+    url = origin(config)
+    if config.api_key:
+        where, key = "from AENV_API_KEY", "$AENV_API_KEY"
+    else:
+        path = shlex.quote(str(api_key_path(config)))
+        where, key = f"in {path}", f"$(cat {path})"
+    lines = [f"aenv server: serving the E2B API at {url}", f"API key: {where}",
+             "An E2B client (Python or JS SDK, e2b CLI) reaches it with:"]  # fmt: skip
+    if config.domain and config.tls_cert_file is not None:
+        lines.append(f"  export E2B_DOMAIN={config.domain}")  # api.<domain>, <port>-<id>.<domain>
+    else:
+        lines += [f"  export E2B_API_URL={url}", f"  export E2B_SANDBOX_URL={url}"]
+    lines.append(f"  export E2B_API_KEY={key}")
+    return "\n".join(lines)
