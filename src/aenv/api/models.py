@@ -167,6 +167,10 @@ class SandboxMetric(BaseModel):
     diskTotal: int
 
 
+class SandboxesWithMetrics(BaseModel):
+    sandboxes: dict[str, SandboxMetric]  # by sandbox id: its latest sample
+
+
 class Template(BaseModel):
     templateID: str
     buildID: str

@@ -23,7 +23,6 @@ from aenv.api.models import (
     SandboxDetail,
     SandboxForkRequest,
     SandboxForkResult,
-    SandboxMetric,
     SandboxPauseRequest,
     SandboxRefresh,
     SandboxTimeout,
@@ -271,35 +270,6 @@ async def connect(
     """Running: extend-only TTL, 200. Paused: resume, 201 (`memory: false`: by reboot, the
     memory state discarded). (v1 and v2 share it.)"""
     return await _connect(request, response, sandbox_id, body)
-
-
-@router.get("/sandboxes/{sandbox_id}/metrics", operation_id="getSandboxMetrics")
-async def sandbox_metrics(
-    request: Request,
-    sandbox_id: str,
-    start: Annotated[int | None, Query(ge=0, description="unix seconds")] = None,
-    end: Annotated[int | None, Query(ge=0, description="unix seconds")] = None,
-) -> list[SandboxMetric]:
-    """Samples of the agent's /metrics in [start, end] (default: since the sandbox started)."""
-    start_us = min(start, 2**42) * 1_000_000 if start is not None else None
-    end_us = min(end, 2**42) * 1_000_000 + 999_999 if end is not None else None
-    if start_us is not None and end_us is not None and start_us > end_us:
-        raise ApiError(400, "start must not be after end")
-    samples = await _orch(request).metrics(sandbox_id, start_us, end_us)
-    return [
-        SandboxMetric(
-            timestamp=query.rfc3339(m.ts_us),
-            timestampUnix=m.ts_us // 1_000_000,
-            cpuCount=m.cpu_count,
-            cpuUsedPct=m.cpu_used_pct,
-            memUsed=m.mem_used,
-            memTotal=m.mem_total,
-            memCache=m.mem_cache,
-            diskUsed=m.disk_used,
-            diskTotal=m.disk_total,
-        )
-        for m in samples
-    ]
 
 
 @router.post("/sandboxes/{sandbox_id}/pause", operation_id="pauseSandbox",

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from e2b.api.client.api.sandboxes import get_sandboxes_metrics
+from e2b.api.client.client import AuthenticatedClient
+from e2b.api.client.models import SandboxesWithMetrics
 from websockets.asyncio.client import connect
 
 from aenv.api.app import Node
@@ -175,6 +178,12 @@ async def test_listings_merge_every_node_with_stable_pages(
         assert r.status_code == 400 and r.json()["code"] == 400
         templates = (await api.get("/templates")).json()
         assert [t["templateID"] for t in templates] == ["base"]
+        # Metrics of sandboxes on both nodes at once, through the SDK's generated client.
+        sdk = AuthenticatedClient(base_url=c.origin, token=KEY, prefix="",
+                                  auth_header_name="X-API-Key")  # fmt: skip
+        async with sdk:
+            got = await get_sandboxes_metrics.asyncio(client=sdk, sandbox_ids=[*ids, "nope"])
+        assert isinstance(got, SandboxesWithMetrics) and set(got.sandboxes) == set(ids), got
         bad = httpx.AsyncClient(base_url=c.origin, headers={"X-API-Key": "wrong"})
         async with bad:
             assert (await bad.get("/v2/sandboxes")).status_code == 401

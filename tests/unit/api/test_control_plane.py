@@ -40,7 +40,7 @@ async def create(client: httpx.AsyncClient, **body: object) -> dict:
         ("GET", "/v2/sandboxes"), ("GET", "/sandboxes/x"), ("DELETE", "/sandboxes/x"),
         ("POST", "/sandboxes/x/timeout"), ("POST", "/sandboxes/x/refreshes"),
         ("POST", "/v2/sandboxes/x/connect"), ("POST", "/sandboxes/x/connect"),
-        ("GET", "/sandboxes/x/metrics"), ("GET", "/templates"),
+        ("GET", "/sandboxes/x/metrics"), ("GET", "/sandboxes/metrics"), ("GET", "/templates"),
         ("GET", "/templates/aliases/base"), ("POST", "/sandboxes/x/pause"),
         ("POST", "/sandboxes/x/resume"), ("POST", "/sandboxes/x/fork"),
         ("POST", "/sandboxes/x/snapshots"), ("GET", "/snapshots"), ("DELETE", "/templates/x"),
@@ -359,6 +359,20 @@ async def test_metrics_time_series(client: httpx.AsyncClient) -> None:
     r = await client.get(f"/sandboxes/{sid}/metrics")
     assert r.status_code == 200 and len(r.json()) >= 1
     assert_error(await client.get(f"/sandboxes/{sid}/metrics", params={"start": 5, "end": 1}), 400)
+
+
+async def test_metrics_of_several_sandboxes_at_once(client: httpx.AsyncClient) -> None:
+    a, b = (await create(client))["sandboxID"], (await create(client))["sandboxID"]
+    r = await client.get("/sandboxes/metrics", params={"sandbox_ids": f"{a},nope,{b},{a}"})
+    assert r.status_code == 200, r.text
+    got = r.json()["sandboxes"]
+    assert set(got) == {a, b}  # an id that names no sandbox is left out
+    assert set(got[a]) == {"timestamp", "timestampUnix", "cpuCount", "cpuUsedPct", "memUsed",
+                           "memTotal", "memCache", "diskUsed", "diskTotal"}  # fmt: skip
+    assert abs(got[b]["timestampUnix"] - time.time()) < 30
+    for bad in ("", ",", ",".join(f"s{i}" for i in range(101))):
+        assert_error(await client.get("/sandboxes/metrics", params={"sandbox_ids": bad}), 400)
+    assert_error(await client.get("/sandboxes/metrics"), 400)
 
 
 async def test_templates_and_aliases(client: httpx.AsyncClient) -> None:

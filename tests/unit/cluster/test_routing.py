@@ -28,6 +28,8 @@ def _route(method: str, path: str) -> routing.Route:
     ("GET", "/sandboxes/abc", routing.OneSandbox("abc")),
     ("POST", "/v2/sandboxes", routing.Create()),
     ("GET", "/snapshots", routing.Listing("snapshots")),
+    ("GET", "/sandboxes/metrics", routing.Listing("metrics")),
+    ("GET", "/sandboxes/abc/metrics", routing.OneSandbox("abc")),
 ])  # fmt: skip
 def test_routes(method: str, path: str, want: routing.Route) -> None:
     assert _route(method, path) == want

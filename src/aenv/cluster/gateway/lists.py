@@ -10,7 +10,8 @@ The next token is the last item's cursor, so pages stay stable however items are
 and whichever gateway serves the next page.
 
 `GET /sandboxes` (v1, unpaged) is the nodes' lists end to end; `GET /templates` dedups by
-id (nodes that share a data directory list the same templates).
+id (nodes that share a data directory list the same templates); `GET /sandboxes/metrics`
+joins the nodes' maps (each has its own sandboxes' samples).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def merge(kind: str, query: bytes, answers: Sequence[Answer | NodeUnreachable]) 
     ok = [a for a in answers if isinstance(a, Answer)]
     if kind == "sandboxes":
         return Merged(200, [item for a in ok for item in a.json()], [])
+    if kind == "metrics":  # each node has its own sandboxes' latest samples
+        return Merged(200, {"sandboxes": {k: v for a in ok
+                                          for k, v in a.json()["sandboxes"].items()}}, [])
     if kind == "templates":
         seen: dict[str, object] = {}
         for a in ok:

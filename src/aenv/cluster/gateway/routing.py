@@ -5,13 +5,13 @@ In this order:
    signed `/files` URL): the node its binding names (`api/proxy.py` has the rules);
 2. `/sandboxes/<id>…` and `/v2/sandboxes/<id>…`: likewise;
 3. `POST /sandboxes` and `POST /v2/sandboxes`: a create, placed (`placement.py`);
-4. `GET /sandboxes`, `GET /v2/sandboxes`, `GET /snapshots`, `GET /templates`: every node,
-   merged (`lists.py`);
+4. `GET /sandboxes`, `GET /v2/sandboxes`, `GET /snapshots`, `GET /templates` and
+   `GET /sandboxes/metrics` (of several sandboxes): every node, merged (`lists.py`);
 5. a template or snapshot by name (`/templates/<name>…`, `/snapshots/<id>/fork`): a node
    that holds it; a build (`POST /v3/templates`, and every `…/builds…` and `…/files…`
    call of one) and the template tags: the cluster's first node (by name), whichever
-   node holds an older version, so all the calls of one build reach the node running it,
-   until templates are shared through the snapshot store;
+   node holds an older version, so all the calls of one build reach the node running it
+   (the template it makes is then fetched by the nodes creates from it go to);
 6. `/health` and `/metrics`: the gateway's own;
 7. anything else: the first node (whose answer is then the cluster's: a 404, openapi).
 """
@@ -49,7 +49,7 @@ class Create:
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    kind: Literal["sandboxes", "sandboxes_v2", "snapshots", "templates"]
+    kind: Literal["sandboxes", "sandboxes_v2", "snapshots", "templates", "metrics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +69,9 @@ class AnyNode:
 
 Route = Data | OneSandbox | Create | Listing | ByTemplate | Own | AnyNode
 
-_LISTINGS: dict[str, Literal["sandboxes", "sandboxes_v2", "snapshots", "templates"]] = {
+_LISTINGS: dict[str, Literal["sandboxes", "sandboxes_v2", "snapshots", "templates", "metrics"]] = {
     "/sandboxes": "sandboxes", "/v2/sandboxes": "sandboxes_v2", "/snapshots": "snapshots",
-    "/templates": "templates",
+    "/templates": "templates", "/sandboxes/metrics": "metrics",
 }  # fmt: skip
 
 
