@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,9 +54,17 @@ HOT_DEMOTIONS = Counter(
 RESUMES = Counter("aenv_resumes_total", "Resumes of paused sandboxes by tier", ["tier"])
 
 
+# Where events of one sandbox (fields with a `sandbox_id`, INFO and above) also go, whatever
+# the log level: each node's sandbox logs (orchestrator/sandbox_logs.py).
+SANDBOX_EVENTS: list[Callable[[str, int, dict[str, Any]], None]] = []
+
+
 def log_event(log: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
     if log.isEnabledFor(level):
         log.log(level, event, extra={"kv": fields})
+    if level >= logging.INFO and "sandbox_id" in fields:
+        for sink in SANDBOX_EVENTS:
+            sink(event, level, fields)
 
 
 @contextlib.asynccontextmanager

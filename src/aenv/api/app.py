@@ -22,6 +22,7 @@ from aenv.api import (
     errors,
     internal,
     links,
+    logs,
     metrics,
     sandboxes,
     snapshots,
@@ -70,6 +71,7 @@ def build_api(node: Node) -> FastAPI:
     api.include_router(system.router)
     api.include_router(internal.router)
     api.include_router(metrics.router)  # before /sandboxes/{id}: /sandboxes/metrics
+    api.include_router(logs.router)
     api.include_router(sandboxes.router)
     api.include_router(builds.router)  # before the catch-all /templates/{id:path} routes
     api.include_router(snapshots.router)

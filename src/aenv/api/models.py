@@ -167,6 +167,27 @@ class SandboxMetric(BaseModel):
     diskTotal: int
 
 
+class SandboxLog(BaseModel):
+    timestamp: str
+    line: str  # the entry as one JSON line: {"level", "msg", and its fields}
+
+
+class SandboxLogEntry(BaseModel):
+    timestamp: str
+    message: str
+    level: Literal["debug", "info", "warn", "error"]
+    fields: dict[str, str]
+
+
+class SandboxLogs(BaseModel):
+    logs: list[SandboxLog]
+    logEntries: list[SandboxLogEntry]
+
+
+class SandboxLogsV2Response(BaseModel):
+    logs: list[SandboxLogEntry]
+
+
 class SandboxesWithMetrics(BaseModel):
     sandboxes: dict[str, SandboxMetric]  # by sandbox id: its latest sample
 

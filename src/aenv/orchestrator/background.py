@@ -21,6 +21,7 @@ log = logging.getLogger("aenv.orchestrator")
 SAMPLE_TIMEOUT_S = 2.0
 # Samples older than this are dropped.
 METRICS_RETENTION_S = 3600
+LOGS_PRUNE_EVERY_S = 60.0
 # How often the checksum worker looks at the store's queue of new snapshots (an in-memory
 # deque: polling it costs nothing, and the worker needs no hook in the snapshot path).
 CHECKSUM_POLL_S = 0.5
@@ -78,6 +79,7 @@ async def reap_dead_vmm(orch: Node, sandbox_id: str, how: VmmExit) -> None:
 async def metrics_sampler(orch: Node) -> None:
     """Every `metrics_interval_s`, sample each running sandbox's agent /metrics."""
     interval = orch.config.metrics_interval_s
+    pruned = 0.0
     while True:
         await asyncio.sleep(interval)
         try:
@@ -85,6 +87,11 @@ async def metrics_sampler(orch: Node) -> None:
             if ids:
                 await asyncio.gather(*(orch.sample(sid) for sid in ids))
             orch.store.prune_metrics(orch.now_us() - METRICS_RETENTION_S * 1_000_000)
+            if orch.logs is not None:  # the sandbox logs' queue, written here too
+                orch.logs.flush()
+                if time.monotonic() - pruned > LOGS_PRUNE_EVERY_S:
+                    orch.logs.prune(orch.now_us())
+                    pruned = time.monotonic()
         except Exception:
             log.exception("metrics.sample_failed")
         else:

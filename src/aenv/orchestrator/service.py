@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import pydantic
 
-from aenv import faults
+from aenv import faults, obs
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
 from aenv.machines.agent_replies import AgentMetrics
@@ -48,6 +48,7 @@ from aenv.orchestrator.requests import (
     new_sandbox_id,
 )
 from aenv.orchestrator.routes import RouteTable
+from aenv.orchestrator.sandbox_logs import SandboxLogs
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 
@@ -90,6 +91,7 @@ class Orchestrator(Pausing, Forking):
         self._closing = False
         self._snap_refs = snaps.SnapshotRefs()
         self.shared: snaps.Shared | None = None  # set by the cluster plane (cluster/node.py)
+        self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         # Run at close, after the last pause and VM and before the store closes: the
         # cluster's bindings then say what shutdown left (cluster/node.py).
         self.on_stopped: list[Callable[[], Awaitable[None]]] = []
@@ -106,6 +108,8 @@ class Orchestrator(Pausing, Forking):
     async def start(self) -> None:
         faults.arm(self.config.faults)  # crash tests only; empty: every point is a no-op
         self.store.open()
+        self.logs = SandboxLogs(self.store.db)
+        obs.SANDBOX_EVENTS.append(self.logs.capture)
         self.runtime.on_vmm_exit = self._vmm_exited  # adopted VMs are watched too
         async with stage("node", "runtime_start"):
             await self.runtime.start()
@@ -180,8 +184,15 @@ class Orchestrator(Pausing, Forking):
                 await hook()
             except Exception:
                 log.exception("node.stop_hook_failed")
+        self._stop_logs()
         self.store.close()
         log_event(log, "node.stopped", killed=len(doomed))
+
+    def _stop_logs(self) -> None:
+        if self.logs is not None:
+            with contextlib.suppress(ValueError):
+                obs.SANDBOX_EVENTS.remove(self.logs.capture)
+            self.logs.flush()
 
     async def _pause_all(self, reason: str) -> None:
         """Pause every running sandbox (waiting for operations in flight on each)."""

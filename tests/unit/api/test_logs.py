@@ -1,0 +1,93 @@
+"""A sandbox's logs (api/logs.py, orchestrator/sandbox_logs.py) on a fake node, read with the
+SDK's generated client: what the node did to the sandbox, in order, filtered by level and
+text, paged forward and backward, and still readable after the sandbox ended."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from e2b.api.client.api.sandboxes import (
+    get_sandboxes_sandbox_id_logs,
+    get_v_2_sandboxes_sandbox_id_logs,
+)
+from e2b.api.client.client import AuthenticatedClient
+from e2b.api.client.models import LogLevel, LogsDirection, SandboxLogs, SandboxLogsV2Response
+
+from aenv.api.app import Node
+from aenv.orchestrator import sandbox_logs
+
+from .conftest import KEY
+from .test_control_plane import assert_error, create
+
+
+@pytest.fixture
+async def sdk(node: Node) -> AuthenticatedClient:
+    c = AuthenticatedClient(base_url="http://aenv", token=KEY, prefix="",
+                            auth_header_name="X-API-Key")  # fmt: skip
+    c.set_async_httpx_client(httpx.AsyncClient(transport=httpx.ASGITransport(app=node),
+                                               base_url="http://aenv",
+                                               headers={"X-API-Key": KEY}))  # fmt: skip
+    return c
+
+
+async def test_a_sandbox_log_tells_what_happened_to_it(
+    client: httpx.AsyncClient, sdk: AuthenticatedClient
+) -> None:
+    sid = (await create(client, metadata={"k": "v"}))["sandboxID"]
+    other = (await create(client))["sandboxID"]
+    assert (await client.post(f"/sandboxes/{sid}/pause")).status_code == 204
+    assert (await client.post(f"/sandboxes/{sid}/resume", json={})).status_code == 201
+    assert (await client.delete(f"/sandboxes/{sid}")).status_code == 204
+
+    v2 = await get_v_2_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk)
+    assert isinstance(v2, SandboxLogsV2Response), v2
+    messages = [e.message for e in v2.logs]
+    assert messages == ["sandbox.created", "sandbox.paused", "sandbox.resumed",
+                        "sandbox.killed"], messages  # fmt: skip
+    assert all(e.level == LogLevel.INFO for e in v2.logs)
+    assert v2.logs[1].fields.additional_properties.get("reason") == "request"
+    stamps = [e.timestamp.timestamp() for e in v2.logs]
+    assert stamps == sorted(stamps) and abs(stamps[-1] - time.time()) < 30
+
+    back = await get_v_2_sandboxes_sandbox_id_logs.asyncio(
+        sid, client=sdk, direction=LogsDirection.BACKWARD, limit=2)
+    assert [e.message for e in back.logs] == ["sandbox.killed", "sandbox.resumed"]
+    cursor = int(v2.logs[2].timestamp.timestamp() * 1000)
+    fwd = await get_v_2_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk, cursor=cursor)
+    assert [e.message for e in fwd.logs] == ["sandbox.resumed", "sandbox.killed"]
+    found = await get_v_2_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk, search="PAUSED")
+    assert [e.message for e in found.logs] == ["sandbox.paused"]
+    warn = await get_v_2_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk,
+                                                            level=LogLevel.WARN)  # fmt: skip
+    assert warn.logs == []
+
+    v1 = await get_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk, limit=1)
+    assert isinstance(v1, SandboxLogs), v1
+    assert [e.message for e in v1.log_entries] == ["sandbox.created"]
+    assert '"msg": "sandbox.created"' in v1.logs[0].line
+
+    # Each sandbox's own: the other has its create only; an unknown id is 404.
+    r = await client.get(f"/v2/sandboxes/{other}/logs")
+    assert [e["message"] for e in r.json()["logs"]] == ["sandbox.created"]
+    assert_error(await client.get("/v2/sandboxes/nope/logs"), 404)
+    assert_error(await client.get(f"/v2/sandboxes/{sid}/logs", params={"level": "loud"}), 400)
+    assert_error(await client.get(f"/sandboxes/{sid}/logs", params={"limit": -1}), 400)
+    await client.delete(f"/sandboxes/{other}")
+
+
+def test_retention_and_the_per_sandbox_bound(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sqlite3
+
+    logs = sandbox_logs.SandboxLogs(sqlite3.connect(tmp_path / "l.db", isolation_level=None))
+    monkeypatch.setattr(sandbox_logs, "MAX_PER_SANDBOX", 3)
+    for i in range(5):
+        logs.capture("e", 20, {"sandbox_id": "a", "i": i})
+    logs.capture("e", 20, {"sandbox_id": "b"})
+    logs.capture("ignored", 20, {"no": "sandbox"})
+    assert logs.flush() == 6
+    logs.prune(time.time_ns() // 1000)
+    assert [e.fields["i"] for e in logs.read("a")] == ["2", "3", "4"]  # the newest kept
+    logs.prune(time.time_ns() // 1000 + sandbox_logs.RETENTION_S * 1_000_000 + 10**6)
+    assert not logs.has("a") and not logs.has("b")
