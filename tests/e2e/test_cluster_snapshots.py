@@ -22,6 +22,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -198,6 +199,12 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
             Sandbox.kill(sbx.sandbox_id)
 
 
+def _demoted_by_drain(node: NodeProcess) -> bool:
+    with node.api() as c:
+        text = c.get("/metrics").text
+    return re.search(r'^aenv_hot_demotions_total\{reason="drain"\} [1-9]', text, re.M) is not None
+
+
 def test_a_sandbox_paused_by_a_drain_resumes_on_another_node(cluster: Cluster) -> None:
     n0, _ = cluster.nodes
     sbx = Sandbox.create(timeout=300)  # not published on its own pauses
@@ -209,6 +216,11 @@ def test_a_sandbox_paused_by_a_drain_resumes_on_another_node(cluster: Cluster) -
         back = Sandbox.connect(sbx.sandbox_id, timeout=300)
         assert cluster.get(f"bindings/{back.sandbox_id}")["node"] == "n1"  # type: ignore[index]
         assert back.commands.run("cat /dev/shm/d").stdout == "drained\n"
+        # The drain let go of n0's hot-paused VMM: its memory is n0's again.
+        deadline = time.monotonic() + 10
+        while not _demoted_by_drain(n0):
+            assert time.monotonic() < deadline, "the drain demoted no hot-paused sandbox"
+            time.sleep(0.2)
     finally:
         cluster.delete("drain/n0")
     try:

@@ -181,6 +181,8 @@ class NodeMembership:
         self.orch.set_draining(order is not None)
         if order is not None and order.pause:
             await self.orch.pause_all("drain")
+        if order is not None:  # hot-paused VMMs hold memory a drained node gives back
+            await self.orch.demote_hot("drain")
 
     async def _free(self, sandbox_id: str) -> None:
         with contextlib.suppress(Exception):

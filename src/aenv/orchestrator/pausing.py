@@ -3,6 +3,7 @@ sandbox's first request waits on, and the node-wide pauses: fencing and drain.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -181,6 +182,14 @@ class Pausing:
 
     async def pause_all(self, reason: str) -> None:
         await self._pause_all(reason)
+
+    async def demote_hot(self, reason: str) -> int:
+        """Every hot-paused sandbox goes cold (its VMM ends, its state stays on disk): a
+        drained node holds no memory for paused sandboxes. How many went."""
+        hot = getattr(self.runtime, "hot", None)
+        if hot is None:
+            return 0
+        return sum(await asyncio.gather(*(hot.demote(n, reason) for n in list(hot.names()))))
 
     async def route_for_paused(self, sandbox_id: str) -> Route | None:
         """autoResume: the data plane found no route; resume the sandbox if it is paused and
