@@ -293,7 +293,25 @@ def test_help_and_version_when_piped() -> None:
     assert (p.returncode, p.stdout.strip()) == (0, "0.1.0")
     p = run_cli("--help", env=env)
     assert p.returncode == 0 and ANSI not in p.stdout
-    for cmd in ("start", "ls", "exec", "cn", "pause", "resume", "rm", "timeout", "fork",
+    for cmd in ("start", "ls", "exec", "cn", "pause", "resume", "rm", "timeout", "fork", "logs",
                 "snapshot", "upload", "download", "template", "auth", "completion", "server",
                 "setup"):
         assert f" {cmd} " in p.stdout, cmd
+
+
+def test_logs_say_what_the_node_did_also_after_the_end(fake_node: Node) -> None:
+    sid = fake_node.cli("start", "-d", "base", "--timeout", "300").stdout.strip()
+    for cmd in ("pause", "resume", "rm"):
+        assert fake_node.cli(cmd, sid).returncode == 0
+    p = fake_node.cli("logs", sid, "--table")  # ended: its whole id still reads its log
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert [ln.split()[2] for ln in lines] == ["sandbox.created", "sandbox.paused",
+                                               "sandbox.resumed", "sandbox.killed"], lines
+    assert lines[1].split()[1] == "INFO" and "reason=request" in lines[1]
+    p = fake_node.cli("logs", sid, "--last", "1", "--json")
+    assert [e["message"] for e in json.loads(p.stdout)] == ["sandbox.killed"]
+    assert json.loads(fake_node.cli("logs", sid, "--level", "warn").stdout) == []
+    assert fake_node.cli("logs", sid, "-s", "PAUSED", "--table").stdout.count("\n") == 1
+    assert_one_line_error(fake_node.cli("logs", sid, "--level", "loud"), "--level")
+    assert_one_line_error(fake_node.cli("logs", "no-such-id"), "no such sandbox: no-such-id")

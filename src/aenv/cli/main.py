@@ -18,6 +18,7 @@ from aenv.cli import (
     cluster,
     completion,
     images,
+    logs,
     sandboxes,
     snapshots,
     templates,
@@ -66,6 +67,7 @@ app.command("resume")(sandboxes.resume)
 app.command("rm")(sandboxes.rm)
 app.command("timeout")(sandboxes.timeout)
 app.command("fork")(sandboxes.fork)
+app.command("logs")(logs.logs)
 app.command("upload")(transfer.upload)
 app.command("download")(transfer.download)
 app.add_typer(snapshots.app, name="snapshot")
