@@ -4,6 +4,7 @@ text, paged forward and backward, and still readable after the sandbox ended."""
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import httpx
@@ -20,6 +21,14 @@ from aenv.orchestrator import sandbox_logs
 
 from .conftest import KEY
 from .test_control_plane import assert_error, create
+
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+MS = datetime.timedelta(milliseconds=1)
+
+
+def _ms(stamp: datetime.datetime) -> int:
+    """Exact unix milliseconds (a float product can round down by one)."""
+    return (stamp - EPOCH) // MS
 
 
 @pytest.fixture
@@ -54,9 +63,12 @@ async def test_a_sandbox_log_tells_what_happened_to_it(
     back = await get_v_2_sandboxes_sandbox_id_logs.asyncio(
         sid, client=sdk, direction=LogsDirection.BACKWARD, limit=2)
     assert [e.message for e in back.logs] == ["sandbox.killed", "sandbox.resumed"]
-    cursor = int(v2.logs[2].timestamp.timestamp() * 1000)
+    # The cursor is in milliseconds, and on the fake runtime a pause and a resume can share
+    # one: forward from the resume's millisecond gives every entry of it and after.
+    cursor = _ms(v2.logs[2].timestamp)
     fwd = await get_v_2_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk, cursor=cursor)
-    assert [e.message for e in fwd.logs] == ["sandbox.resumed", "sandbox.killed"]
+    later = [e.message for e in v2.logs if _ms(e.timestamp) >= cursor]
+    assert [e.message for e in fwd.logs] == later and later[-2:] == messages[-2:], later
     found = await get_v_2_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk, search="PAUSED")
     assert [e.message for e in found.logs] == ["sandbox.paused"]
     warn = await get_v_2_sandboxes_sandbox_id_logs.asyncio(sid, client=sdk,
