@@ -78,6 +78,28 @@ class StoreConfig(BaseModel):
     publish_templates: bool = True
 
 
+class NetworkConfig(BaseModel):
+    """`[network]`: sandboxes' egress defaults (network/egress.py, docs/security.md)."""
+
+    # As E2B: a sandbox that names nothing reaches public destinations. false: only what a
+    # create or update opens (allow_internet_access, allowOut).
+    internet_by_default: bool = True
+    # CIDRs inside the special ranges (private, 198.18/15, ...) this node treats as public
+    # internet: a lab's or a test's simulated internet. Never the slot network.
+    public_ranges: list[str] = Field(default_factory=list)
+
+    @field_validator("public_ranges")
+    @classmethod
+    def _inside_special(cls, v: list[str]) -> list[str]:
+        from aenv.network.egress import EgressPolicyError, public_ranges
+
+        try:
+            public_ranges(v)
+        except EgressPolicyError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
 class Config(BaseModel):
     data_dir: Path = Path("/var/lib/aenv")
     # Sparse XFS image mounted at data_dir when data_dir's filesystem cannot reflink.
@@ -114,6 +136,7 @@ class Config(BaseModel):
     # Network: host-side addresses come from 198.18.0.0/15, four per slot.
     slot_network: str = "198.18.0.0/15"
     max_slots: int = 4096
+    network: NetworkConfig = NetworkConfig()
 
     # Pre-spawned QEMUs waiting for an incoming restore, for the default template's shape:
     # a create or resume then skips QEMU start-up. 0 disables the pool.
@@ -309,6 +332,10 @@ _CLUSTER_ENV = {
     "CLUSTER_FORGET_LOST_AFTER_S": "forget_lost_after_s",
 }
 
+_NETWORK_ENV = {
+    "NETWORK_INTERNET_BY_DEFAULT": "internet_by_default",
+}
+
 _STORE_ENV = {
     "STORE_URL": "url",
     "STORE_ENDPOINT_URL": "endpoint_url",
@@ -351,6 +378,13 @@ def load(
     if ENV_PREFIX + "ETCD_ENDPOINTS" in env:  # "http://10.0.0.1:2379,http://10.0.0.2:2379"
         cluster["etcd_endpoints"] = _csv(env[ENV_PREFIX + "ETCD_ENDPOINTS"])
     data["cluster"] = cluster
+    network = dict(data.get("network") or {})  # type: ignore[call-overload]
+    for suffix, key in _NETWORK_ENV.items():
+        if ENV_PREFIX + suffix in env:
+            network[key] = env[ENV_PREFIX + suffix]
+    if ENV_PREFIX + "NETWORK_PUBLIC_RANGES" in env:  # "198.19.0.0/16,10.9.0.0/16"
+        network["public_ranges"] = _csv(env[ENV_PREFIX + "NETWORK_PUBLIC_RANGES"])
+    data["network"] = network
     store = dict(data.get("store") or {})  # type: ignore[call-overload]
     for suffix, key in _STORE_ENV.items():
         if ENV_PREFIX + suffix in env:

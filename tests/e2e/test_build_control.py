@@ -6,9 +6,7 @@ bound is refused (413)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +19,13 @@ from aenv.network import netns as ns
 from tests.support import census
 from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
-from tests.support.internet import HttpServer, Internet, forwarding, free_port, internet_namespace
+from tests.support.internet import (
+    HttpServer,
+    Internet,
+    free_port,
+    internet_namespace,
+    slots_forwarding,
+)
 from tests.support.registry import Seeded, have_tools, seeded_registry
 
 from .conftest import NodeProcess, qemu_pids, sdk_pointed_at
@@ -49,28 +53,6 @@ def inet() -> Iterator[tuple[Internet, int]]:
             yield inet, port
         finally:
             server.close()
-
-
-@contextlib.contextmanager
-def slots_forwarding(instance: str) -> Iterator[None]:
-    """Forwarding on for the host veths of `instance`'s slots as they appear (the route out
-    is the operator's, docs/security.md): only what the slot rules let out is forwarded."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(0.1):
-            for name in os.listdir("/sys/class/net"):
-                if name.startswith(f"{instance}-") and name.endswith("h"):
-                    with contextlib.suppress(OSError):
-                        forwarding(name, True)
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join()
 
 
 def _node(tmp: Path, name: str, instance: str, inet: Internet) -> NodeProcess:

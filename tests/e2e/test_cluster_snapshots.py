@@ -170,6 +170,13 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
         assert sbx.pause() is True
         entry = cluster.wait_for(f"paused/{sbx.sandbox_id}")
         assert entry is not None and entry["node"] == "n0" and entry["kind"] == "paused"
+        # A network update while paused is published again, so it moves with the sandbox.
+        sbx.update_network({"deny_out": ["203.0.113.0/24"]})
+        deadline = time.monotonic() + 60
+        while (again := cluster.get(f"paused/{sbx.sandbox_id}")) is None or (
+                again["published_at"] == entry["published_at"]):  # fmt: skip
+            assert time.monotonic() < deadline, "the update was not published"
+            time.sleep(0.2)
 
         n0.kill9()
         lost_s = _nodes_seen(cluster, 1)
@@ -182,6 +189,8 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
         assert _counter(back) > after  # and the process that counts runs
         assert cluster.get(f"paused/{sbx.sandbox_id}") is None  # resumed: not resumable twice
         assert "took over paused sandbox" in n1.log.read_text(errors="replace")
+        network = back.get_info().network
+        assert network is not None and network.get("deny_out") == ["203.0.113.0/24"], network
 
         # n0 comes back: its copy of the sandbox, now n1's, is freed there.
         n0.start()

@@ -89,6 +89,28 @@ class TcpSink:
 
 
 
+@contextlib.contextmanager
+def slots_forwarding(instance: str) -> Iterator[None]:
+    """Forwarding on for the host veths of `instance`'s slots as they appear (the route out
+    is the operator's, docs/security.md): only what the slot rules let out is forwarded."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.1):
+            for name in os.listdir("/sys/class/net"):
+                if name.startswith(f"{instance}-") and name.endswith("h"):
+                    with contextlib.suppress(OSError):
+                        forwarding(name, True)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
 class _QuietServer(http.server.ThreadingHTTPServer):
     def server_bind(self) -> None:
         # HTTPServer would resolve its own name by DNS, which a test namespace may not have.

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 Seconds = Annotated[StrictInt, Field(ge=0)]
 StrMap = dict[StrictStr, StrictStr]
@@ -24,12 +32,39 @@ class AutoResume(_Body):
 
 class SandboxNetwork(_Body):
     """E2B's `SandboxNetworkConfig`. allowOut/denyOut (IPv4 addresses and CIDRs) are
-    enforced per sandbox (docs/security.md, "Egress"); any other key set is a 400."""
+    enforced per sandbox (docs/security.md, "Egress"); dnsServers are kept; any other key
+    set is a 400."""
 
     model_config = ConfigDict(extra="allow")
 
     allowOut: list[StrictStr] | None = None
     denyOut: list[StrictStr] | None = None
+    dnsServers: list[StrictStr] | None = None
+
+
+class SandboxNetworkUpdate(SandboxNetwork):
+    """E2B's `SandboxNetworkUpdateConfig` (PUT /sandboxes/{id}/network): replaces the whole
+    egress policy; a field left out goes back to its default. The SDK sends
+    `allow_internet_access` (snake case, as in a create); `allowInternetAccess` is taken too."""
+
+    allow_internet_access: StrictBool | None = None
+    allowInternetAccess: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _one_internet_flag(self) -> SandboxNetworkUpdate:
+        a, b = self.allow_internet_access, self.allowInternetAccess
+        if a is not None and b is not None and a != b:
+            raise ValueError("allow_internet_access and allowInternetAccess disagree")
+        self.allow_internet_access = a if a is not None else b
+        return self
+
+
+class NetworkInfo(BaseModel):
+    """A sandbox's egress policy, as GET /sandboxes/{id} reports it (`network`)."""
+
+    allowOut: list[str]
+    denyOut: list[str]
+    dnsServers: list[str] | None = None
 
 
 class NewSandbox(_Body):
@@ -139,6 +174,7 @@ class SandboxDetail(ListedSandbox):
     envdAccessToken: str | None = None
     domain: str | None = None
     allowInternetAccess: bool | None = None
+    network: NetworkInfo | None = None
     lifecycle: Lifecycle
     pauseMode: Literal["full", "filesystem"] | None = None
 

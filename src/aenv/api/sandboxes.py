@@ -17,12 +17,15 @@ from aenv.api.models import (
     Error,
     Lifecycle,
     ListedSandbox,
+    NetworkInfo,
     NewSandbox,
     ResumedSandbox,
     Sandbox,
     SandboxDetail,
     SandboxForkRequest,
     SandboxForkResult,
+    SandboxNetwork,
+    SandboxNetworkUpdate,
     SandboxPauseRequest,
     SandboxRefresh,
     SandboxTimeout,
@@ -85,10 +88,20 @@ def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
     }
 
 
+def _network_info(rec: SandboxRecord) -> NetworkInfo:
+    e = rec.egress
+    info = NetworkInfo(allowOut=[str(n) for n in e.allow_out],
+                       denyOut=[str(n) for n in e.deny_out])  # fmt: skip
+    if e.dns_servers is not None:  # set only then: the SDK reads a null as a list
+        info.dnsServers = list(e.dns_servers)
+    return info
+
+
 def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
     fields = _listed_fields(request, rec) | {
         "domain": request.app.state.domain,
         "allowInternetAccess": rec.allow_internet,
+        "network": _network_info(rec),
         "lifecycle": Lifecycle(
             onTimeout="pause" if rec.auto_pause else "kill", autoResume=rec.auto_resume
         ),
@@ -100,12 +113,16 @@ def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
     return SandboxDetail(**fields)
 
 
-def _unsupported_options(body: NewSandbox) -> None:
-    extra = body.network.model_extra if body.network else None
+def _unsupported_network(network: SandboxNetwork | None) -> None:
+    extra = network.model_extra if network else None
     unsupported = sorted(k for k, v in (extra or {}).items() if v not in (None, [], {}, False))
     if unsupported:
-        raise Unsupported(f"network.{unsupported[0]} is not supported yet (only allowOut and "
-                          "denyOut are)")
+        raise Unsupported(f"network.{unsupported[0]} is not supported yet (only allowOut, "
+                          "denyOut and dnsServers are)")
+
+
+def _unsupported_options(body: NewSandbox) -> None:
+    _unsupported_network(body.network)
     if body.mcp:
         raise Unsupported("mcp is not supported yet")
     if body.volumeMounts:
@@ -138,6 +155,7 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         allow_internet=body.allow_internet_access,
         allow_out=list(body.network.allowOut or []) if body.network else [],
         deny_out=list(body.network.denyOut or []) if body.network else [],
+        dns_servers=body.network.dnsServers if body.network else None,
         vcpus=body.cpuCount,
         memory_mib=body.memoryMB,
         sandbox_id=_placed_id(request),
@@ -219,6 +237,19 @@ async def get_sandbox(request: Request, sandbox_id: str) -> SandboxDetail:
                status_code=204, response_class=Response)
 async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
     await _orch(request).kill(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.put("/sandboxes/{sandbox_id}/network", operation_id="updateSandboxNetwork",
+            status_code=204, response_class=Response)
+async def update_network(request: Request, sandbox_id: str, body: SandboxNetworkUpdate
+                         ) -> Response:  # fmt: skip
+    """Replace the egress policy of a running or paused sandbox (E2B: omitted fields are
+    cleared). Running: applied at once, open connections included; paused: at resume."""
+    _unsupported_network(body)
+    await _orch(request).update_network(
+        sandbox_id, body.allow_internet_access, body.allowOut or [], body.denyOut or [],
+        body.dnsServers)
     return Response(status_code=204)
 
 

@@ -79,6 +79,7 @@ class Sharing:
         self.takeover = Takeover(self)
         self.forks = Forks(self)
         self._paused: set[str] = set()  # paused sandboxes to publish
+        self._republish: set[str] = set()  # ... again, if they are published (`updated`)
         self._ended_check = False  # records changed: entries of ended sandboxes may go
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -134,8 +135,14 @@ class Sharing:
             self._paused.add(rec.sandbox_id)
             self._kick.set()
 
+    def updated(self, rec: SandboxRecord) -> None:
+        if self.store is not None:
+            self._republish.add(rec.sandbox_id)
+            self._kick.set()
+
     async def resuming(self, sandbox_id: str) -> None:
         self._paused.discard(sandbox_id)
+        self._republish.discard(sandbox_id)
         await self.takeover.resuming(sandbox_id)
 
     def changed(self) -> None:
@@ -356,6 +363,14 @@ class Sharing:
             self._kick.clear()
             self._pending.update(self._unpublished_templates())
             failed = False
+            for sid in sorted(self._republish):
+                try:
+                    if await self.takeover.is_published(sid):
+                        self._paused.add(sid)
+                    self._republish.discard(sid)
+                except EtcdError as e:
+                    log.warning("is paused sandbox %s published: %s (tried again)", sid, e)
+                    failed = True
             for sid in sorted(self._paused):
                 try:
                     await self.takeover.publish(sid)

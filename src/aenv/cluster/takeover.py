@@ -108,6 +108,9 @@ class Takeover:
                                logical_bytes=moved.logical_bytes)  # fmt: skip
         return moved, entry
 
+    async def is_published(self, sandbox_id: str) -> bool:
+        return await self.s.etcd.get(paused_key(self.s.prefix, sandbox_id)) is not None
+
     # -- resume here, end -------------------------------------------------------------------
 
     async def resuming(self, sandbox_id: str) -> None:

@@ -178,6 +178,10 @@ class Runtime(Protocol):
     def is_running(self, sandbox_id: str) -> bool:
         """This runtime runs a VMM for the sandbox."""
 
+    async def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> bool:
+        """Apply a live egress update to the slot the sandbox's VM holds (running or hot-
+        paused): True. False if none holds one: its next start applies the record's."""
+
     async def snapshot_sandbox(
         self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True
     ) -> SnapshotInfo:

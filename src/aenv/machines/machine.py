@@ -97,6 +97,9 @@ class Machine:
     # Set before the node itself ends the VMM (kill, pause, shutdown, a failed start): its
     # exit is then expected. A VMM that exits without it died on its own (`exited`).
     stopping: bool = False
+    # Held while a live egress update writes the slot's rules; the slot goes back to the
+    # pool only after it (`Runtime._stop`), so an update never opens the next tenant's slot.
+    net_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     exited: VmmExit | None = None
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     ready: asyncio.Task[None] | None = field(default=None, repr=False)  # see SandboxHandle

@@ -51,6 +51,7 @@ from aenv.machines.machine import (
 )
 from aenv.machines.pausing import Pausing
 from aenv.machines.pools import RecentPools, VmPool
+from aenv.network.egress import EgressPolicy, public_ranges
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
@@ -94,6 +95,7 @@ class Runtime(Pausing, Cloning, Adopting):
             prefix=f"{cfg.instance}-",
         )
         self._machines: dict[str, Machine] = {}
+        self._public = public_ranges(cfg.network.public_ranges)  # egress: "internet" here
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
         self._pool: VmPool[tuple[object, ...]] = VmPool(
@@ -277,12 +279,28 @@ class Runtime(Pausing, Cloning, Adopting):
             tail = f"(unreadable: {e})"
         raise BootError(f"agent did not answer within {timeout:.0f}s ({last}); console:\n{tail}")
 
+    async def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> bool:
+        """A live update: `policy` onto the slot of the sandbox's running or hot-paused VM.
+        False if no VM of it holds a slot (paused cold): its next start applies the policy.
+        Raises OSError or RulesError (the slot keeps its rules)."""
+        h = self.hot.get(sandbox_id)
+        m = self._machines.get(sandbox_id) or (h.machine if h else None)
+        if m is None:
+            return False
+        async with m.net_lock:
+            if m.stopping:
+                return False
+            await asyncio.to_thread(set_egress, m.slot, policy, self.cfg.slot_network,
+                                    self._public, fresh=False)  # fmt: skip
+        return True
+
     async def push_init(self, m: Machine, init: AgentInit) -> None:
         """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
         guest must answer its first request (fixed MACs make any slot look the same).
         First the sandbox's egress policy goes onto its slot (every start comes here)."""
         try:
-            await asyncio.to_thread(set_egress, m.slot, init.egress, self.cfg.slot_network)
+            await asyncio.to_thread(set_egress, m.slot, init.egress, self.cfg.slot_network,
+                                    self._public)  # fmt: skip
         except (OSError, RulesError) as e:
             raise BootError(f"applying the egress policy failed: {e}") from e
         body: dict[str, object] = {
@@ -333,7 +351,8 @@ class Runtime(Pausing, Cloning, Adopting):
             await asyncio.to_thread(adoption.remove, m.workdir)
         with contextlib.suppress(Exception):
             await m.vm.kill()
-        await self.slots.release_async(m.slot)
+        async with m.net_lock:  # an egress update in flight ends first
+            await self.slots.release_async(m.slot)
 
     async def _destroy(self, m: Machine) -> None:
         await self._stop(m)

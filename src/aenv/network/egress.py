@@ -1,8 +1,9 @@
 """Per-sandbox egress policy: which destinations a guest may start connections to.
 
-By default none: the slot namespace drops every packet the guest starts (`rules.py`). A
-create may open some with E2B's `network.allowOut` / `network.denyOut` (IPv4 addresses and
-CIDRs) and `allow_internet_access`. A guest-started packet is judged in this order:
+A create may name some with E2B's `network.allowOut` / `network.denyOut` (IPv4 addresses
+and CIDRs) and `allow_internet_access`; `PUT /sandboxes/{id}/network` replaces them on a
+live sandbox. Every packet the guest sends, not only a connection's first, is judged in
+this order, so a rule that closes a destination also stops connections already open to it:
 
 1. **never**: loopback, "this network", link-local (169.254/16: metadata services),
    multicast, reserved and broadcast, the node's slot network (other sandboxes and the
@@ -11,15 +12,17 @@ CIDRs) and `allow_internet_access`. A guest-started packet is judged in this ord
 2. **special** ranges that are never the public internet (RFC 1918 private, 100.64/10
    shared, 192.0.0/24, the documentation nets, the rest of 198.18/15) -> dropped unless an
    `allowOut` entry lies inside one (a destination named on purpose): a wider entry such
-   as 0.0.0.0/0 does not open them;
+   as 0.0.0.0/0 does not open them. A node's `network.public_ranges` takes ranges out of
+   this list (a lab's or a test's simulated internet);
 3. `allowOut` -> accepted (allow wins over deny, as in E2B);
 4. `denyOut` -> dropped;
-5. anything else -> accepted only with `allow_internet_access: true`.
+5. anything else (public destinations) -> accepted unless `allow_internet_access` is false.
 
-`allow_internet_access: false` equals `denyOut: ["0.0.0.0/0"]` (E2B); omitted, it is false
-here, so a sandbox that names nothing has no egress at all. Accepted packets leave the slot
-through its veth with the slot address as source (SNAT); where they go from there is the
-host's routing (`docs/security.md`, "Egress").
+As in E2B, public destinations are open by default; `allow_internet_access: false` equals
+`denyOut: ["0.0.0.0/0"]`. A node with `network.internet_by_default = false` closes them
+for sandboxes that do not ask. Accepted packets leave the slot through its veth with the
+slot address as source (SNAT); where they go from there is the host's routing
+(`docs/security.md`, "Egress").
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pyroute2 import IPRoute
 Net = ipaddress.IPv4Network
 
 MAX_ENTRIES = 256  # per list: each is an nft set element, applied on every create
+MAX_DNS_SERVERS = 10  # E2B's bound
 
 NEVER = tuple(Net(n) for n in (
     "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
@@ -51,20 +55,24 @@ class EgressPolicyError(ValueError):
     """An allowOut/denyOut entry this node cannot enforce."""
 
 
+def _net(text: str, what: str) -> Net:
+    try:
+        net = ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise EgressPolicyError(
+            f"{what}: {text!r} is not an IPv4 address or CIDR (domain names are not "
+            "supported yet)") from None
+    if not isinstance(net, Net):
+        raise EgressPolicyError(f"{what}: {text!r} is IPv6; sandboxes have no IPv6")
+    return net
+
+
 def _parse(entries: Iterable[object], key: str) -> tuple[Net, ...]:
     nets: list[Net] = []
     for e in entries:
         if not isinstance(e, str):
             raise EgressPolicyError(f"network.{key} entries must be strings, not {e!r}")
-        try:
-            net = ipaddress.ip_network(e.strip(), strict=False)
-        except ValueError:
-            raise EgressPolicyError(
-                f"network.{key}: {e!r} is not an IPv4 address or CIDR (domain names are not "
-                "supported)") from None
-        if not isinstance(net, Net):
-            raise EgressPolicyError(f"network.{key}: {e!r} is IPv6; sandboxes have no IPv6")
-        nets.append(net)
+        nets.append(_net(e, f"network.{key}"))
     if len(nets) > MAX_ENTRIES:
         raise EgressPolicyError(f"network.{key} holds more than {MAX_ENTRIES} entries")
     # Not collapsed here: a named private destination must stay apart from a wider entry
@@ -78,14 +86,19 @@ class EgressPolicy:
 
     allow_out: tuple[Net, ...] = ()
     deny_out: tuple[Net, ...] = ()
-    internet: bool = False  # the default for destinations neither list names
+    internet: bool = False  # public destinations neither list names
+    # E2B's dnsServers: opened only for domain entries in allowOut, which aenv does not take
+    # yet, so they are kept and reported, nothing more. None: E2B's default (8.8.8.8).
+    dns_servers: tuple[str, ...] | None = None
 
     @classmethod
-    def from_request(cls, allow_internet_access: bool | None, allow_out: Sequence[object] = (),
-                     deny_out: Sequence[object] = ()) -> EgressPolicy:
-        """From an E2B create body; raises EgressPolicyError on entries it cannot enforce."""
+    def from_request(cls, internet: bool, allow_out: Sequence[object] = (),
+                     deny_out: Sequence[object] = (), dns_servers: Sequence[object] | None = None
+                     ) -> EgressPolicy:  # fmt: skip
+        """From an E2B create or update body, `internet` resolved against the node's default;
+        raises EgressPolicyError on entries it cannot enforce."""
         return cls(_parse(allow_out, "allowOut"), _parse(deny_out, "denyOut"),
-                   internet=bool(allow_internet_access))
+                   internet=bool(internet), dns_servers=_dns(dns_servers))
 
     @property
     def is_closed(self) -> bool:
@@ -93,14 +106,56 @@ class EgressPolicy:
         return not self.allow_out and not self.internet
 
     def to_json(self) -> dict[str, object]:
-        return {"allowOut": [str(n) for n in self.allow_out],
-                "denyOut": [str(n) for n in self.deny_out], "internet": self.internet}
+        d: dict[str, object] = {"allowOut": [str(n) for n in self.allow_out],
+                                "denyOut": [str(n) for n in self.deny_out],
+                                "internet": self.internet}  # fmt: skip
+        if self.dns_servers is not None:
+            d["dnsServers"] = list(self.dns_servers)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> EgressPolicy:
-        allow, deny = d.get("allowOut", []), d.get("denyOut", [])
+        allow, deny, dns = d.get("allowOut", []), d.get("denyOut", []), d.get("dnsServers")
         assert isinstance(allow, list) and isinstance(deny, list)
-        return cls.from_request(bool(d.get("internet")), allow, deny)
+        assert dns is None or isinstance(dns, list)
+        return cls.from_request(bool(d.get("internet")), allow, deny, dns)
+
+
+def _dns(entries: Sequence[object] | None) -> tuple[str, ...] | None:
+    if entries is None:
+        return None
+    if len(entries) > MAX_DNS_SERVERS:
+        raise EgressPolicyError(f"network.dnsServers holds more than {MAX_DNS_SERVERS} entries")
+    out = []
+    for e in entries:
+        try:
+            if not isinstance(e, str):
+                raise TypeError(e)
+            out.append(str(ipaddress.IPv4Address(e.strip())))
+        except (ValueError, TypeError):
+            raise EgressPolicyError(
+                f"network.dnsServers: {e!r} is not an IPv4 address") from None
+    return tuple(out)
+
+
+def public_ranges(entries: Iterable[str]) -> tuple[Net, ...]:
+    """A node's `network.public_ranges`: each must lie inside a special range (the only
+    ones it changes); raises EgressPolicyError."""
+    nets = tuple(_net(e, "network.public_ranges") for e in entries)
+    for n in nets:
+        if not any(n.subnet_of(s) for s in SPECIAL):
+            raise EgressPolicyError(f"network.public_ranges: {n} is not inside a special "
+                                    f"range ({', '.join(map(str, SPECIAL))})")
+    return nets
+
+
+def special_ranges(public: Iterable[Net] = ()) -> tuple[Net, ...]:
+    """SPECIAL without the node's public ranges."""
+    out = list(SPECIAL)
+    for p in public:
+        out = [part for s in out for part in
+               ((s,) if not s.overlaps(p) else () if s.subnet_of(p) else s.address_exclude(p))]
+    return tuple(ipaddress.collapse_addresses(out))
 
 
 @dataclass(frozen=True)
@@ -109,6 +164,7 @@ class EgressSets:
 
     never: tuple[Net, ...]
     allow_special: tuple[Net, ...]
+    special: tuple[Net, ...]
     allow_out: tuple[Net, ...]
     deny_out: tuple[Net, ...]
     allow_default: tuple[Net, ...]
@@ -125,15 +181,17 @@ def host_local_networks() -> list[Net]:
     return nets
 
 
-def compile_sets(policy: EgressPolicy, slot_network: str, host_local: Iterable[Net]
-                 ) -> EgressSets:
+def compile_sets(policy: EgressPolicy, slot_network: str, host_local: Iterable[Net],
+                 public: Iterable[Net] = ()) -> EgressSets:  # fmt: skip
     def collapsed(nets: Iterable[Net]) -> tuple[Net, ...]:
         return tuple(ipaddress.collapse_addresses(nets))  # nft rejects overlapping elements
 
+    # Named inside a special range, public or not: accepted before the special drop.
     inside_special = [n for n in policy.allow_out if any(n.subnet_of(s) for s in SPECIAL)]
     return EgressSets(
         never=collapsed((*NEVER, Net(slot_network), *host_local)),
         allow_special=collapsed(inside_special),
+        special=special_ranges(public),
         allow_out=collapsed(n for n in policy.allow_out if n not in inside_special),
         deny_out=collapsed(policy.deny_out),
         allow_default=(Net("0.0.0.0/0"),) if policy.internet else (),

@@ -5,7 +5,10 @@ the drop rules also cover IPv6. Loaded through libnftables in-process (~1.5 ms) 
 than `nft -f -` (a fork+exec, ~6 ms); the binary is the fallback.
 
 A fresh or reset slot lets the guest start nothing: its egress sets are empty. A sandbox's
-egress policy (`egress.py`) only fills sets (`egress_commands`), in one transaction.
+egress policy (`egress.py`) only fills sets (`egress_commands`), in one transaction, at its
+start and on every live update. Every packet the guest sends on a connection it started is
+judged by the sets, so a closed destination also stops open connections: TCP gets a reset
+(the guest's process sees ECONNRESET at once), anything else is dropped.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import subprocess
 import threading
 
 from aenv.network.addressing import GUEST_ADDR, NETNS_VETH, TAP_NAME
-from aenv.network.egress import SPECIAL, EgressSets, Net
+from aenv.network.egress import EgressSets, Net
 
 TABLE = "aenv"
 # The sets a sandbox's egress policy fills, in the order guest_egress consults them.
-EGRESS_SETS = ("never", "allow_special", "allow_out", "deny_out", "allow_default")
+EGRESS_SETS = ("never", "allow_special", "special", "allow_out", "deny_out", "allow_default")
 
 
 class RulesError(RuntimeError):
@@ -48,7 +51,6 @@ def slot_ruleset(slot_addr: str, host_addr: str) -> str:
 table inet {TABLE} {{
     counter guest_denied {{ }}
 {sets}
-    set special {{ type ipv4_addr; flags interval; elements = {{ {_elements(SPECIAL)} }} }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
         # The host -> slot address, any TCP port, lands on the same port in the guest. Only
@@ -64,10 +66,15 @@ table inet {TABLE} {{
     }}
     chain forward {{
         type filter hook forward priority filter; policy drop;
-        ct state established,related accept
+        # Replies pass. The guest's own packets are judged each time (a live update closes
+        # open connections too), and so is the first of each connection the host starts.
+        ct state established,related ct direction reply accept
         iifname "{up}" oifname "{tap}" ip daddr {GUEST_ADDR} ct status dnat accept
         iifname "{tap}" oifname "{up}" ip saddr {GUEST_ADDR} jump guest_egress
-        # Anything else the guest starts is dropped; counted, so denied egress is observable.
+        # Anything else the guest sends is refused; counted, so denied egress is observable.
+        # An open TCP connection gets a reset, so its process learns at once.
+        iifname "{tap}" ct state established meta l4proto tcp counter name guest_denied \
+            reject with tcp reset
         iifname "{tap}" counter name guest_denied drop
     }}
     chain guest_egress {{

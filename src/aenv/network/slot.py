@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -33,7 +34,13 @@ from aenv.network.addressing import (
     TAP_NAME,
     SlotNaming,
 )
-from aenv.network.egress import EgressPolicy, EgressSets, compile_sets, host_local_networks
+from aenv.network.egress import (
+    EgressPolicy,
+    EgressSets,
+    Net,
+    compile_sets,
+    host_local_networks,
+)
 from aenv.network.rules import apply_ruleset, egress_commands, slot_ruleset
 from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, create_persistent_tap, open_tap
 from aenv.vmm.base import NetAttachment
@@ -218,15 +225,19 @@ def _has_default_route() -> bool:
     return False
 
 
-def set_egress(slot: Slot, policy: EgressPolicy, slot_network: str) -> None:
-    """Open the slot's egress as `policy` says, for the sandbox that holds it. A closed
-    policy needs nothing: a slot is closed from its creation and from every reset. The
+def set_egress(slot: Slot, policy: EgressPolicy, slot_network: str,
+               public: Sequence[Net] = (), *, fresh: bool = True) -> None:  # fmt: skip
+    """Open the slot's egress as `policy` says, for the sandbox that holds it; `public`: the
+    node's public ranges. A closed policy needs nothing on a `fresh` start: a slot is closed
+    from its creation and from every reset; a live update (`fresh=False`) may close it. The
     host's local addresses are read now (call from the host's namespace). Raises OSError
     or RulesError."""
-    if policy.is_closed:
+    if policy.is_closed and fresh:
         return
     try:
-        sets = compile_sets(policy, slot_network, host_local_networks())
+        # A live update to closed keeps the route and fills the sets anyway: open TCP
+        # connections then get their reset from the rules (no route would only drop).
+        sets = compile_sets(policy, slot_network, host_local_networks(), public)
         ns.run_in_netns(slot.netns_path, _set_egress_inside, slot, sets)
     except NetlinkError as e:  # callers see OSError (or RulesError) only
         raise OSError(e.code, f"egress of {slot.netns}: {e}") from e

@@ -25,6 +25,7 @@ from aenv.machines.api import (
     VmmExit,
     VmmExitHandler,
 )
+from aenv.network.egress import EgressPolicy
 
 
 def default_templates() -> list[TemplateInfo]:
@@ -57,6 +58,7 @@ class FakeRuntime:
         self.resumes: list[tuple[str, str]] = []  # (sandbox id, "restore" or "reboot")
         self.snapshots: dict[str, SnapshotInfo] = {}
         self.inits: dict[str, AgentInit] = {}
+        self.egress: dict[str, EgressPolicy] = {}  # live updates, as applied to the "slot"
         self.killed: list[str] = []
         self.fail_next_create: Exception | None = None
         self.fail_next_pause: Exception | None = None
@@ -171,6 +173,12 @@ class FakeRuntime:
 
     def is_running(self, sandbox_id: str) -> bool:
         return sandbox_id in self.live and sandbox_id not in self.exited
+
+    async def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> bool:
+        if sandbox_id not in self.live:
+            return False
+        self.egress[sandbox_id] = policy
+        return True
 
     async def snapshot_sandbox(
         self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True

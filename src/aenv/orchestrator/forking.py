@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateInfo, TemplateNotFound
-from aenv.network.egress import EgressPolicy
 from aenv.obs import OPS_TOTAL, log_event, stage
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import (
@@ -273,7 +272,7 @@ class Forking:
         n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
         self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")
         req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s)
-        egress = EgressPolicy.from_request(None, [], [])
+        egress = self.egress_for(None)
         kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
         t0 = time.perf_counter()
         out: list[SandboxRecord | BaseException] = await self._children_from(

@@ -55,6 +55,7 @@ class CreateRequest:
     allow_internet: bool | None = None
     allow_out: list[object] = field(default_factory=list)  # E2B network.allowOut
     deny_out: list[object] = field(default_factory=list)  # E2B network.denyOut
+    dns_servers: list[object] | None = None  # E2B network.dnsServers
     vcpus: int | None = None
     memory_mib: int | None = None
     # Chosen by a cluster gateway (which bound it to this node before asking); else new.

@@ -22,7 +22,7 @@ from aenv.config import Config, MachineShape
 from aenv.faults import fault
 from aenv.machines.agent_replies import AgentMetrics
 from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
-from aenv.network.egress import EgressPolicy, EgressPolicyError
+from aenv.network.egress import EgressPolicy
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
 from aenv.orchestrator import background, recovery, space
 from aenv.orchestrator import snapshots as snaps
@@ -36,6 +36,7 @@ from aenv.orchestrator.errors import (
 )
 from aenv.orchestrator.forking import Forking
 from aenv.orchestrator.locks import Joiner, SandboxLocks
+from aenv.orchestrator.networking import Networking
 from aenv.orchestrator.pausing import Pausing
 from aenv.orchestrator.requests import (
     AUTO_PAUSE_RETRY_S,
@@ -59,7 +60,7 @@ S = SandboxState
 
 
 
-class Orchestrator(Pausing, Forking):
+class Orchestrator(Pausing, Forking, Networking):
     """Owns every sandbox of this node. Valid between `start()` and `close()`."""
 
     def __init__(
@@ -303,10 +304,8 @@ class Orchestrator(Pausing, Forking):
             raise InvalidRequest("autoResume cannot be combined with autoPauseMemory false: a "
                                  "filesystem-only pause reboots on resume, so it is resumed "
                                  "only by connect")  # fmt: skip
-        try:
-            egress = EgressPolicy.from_request(req.allow_internet, req.allow_out, req.deny_out)
-        except EgressPolicyError as e:
-            raise InvalidRequest(str(e)) from None
+        egress = self.egress_for(req.allow_internet, req.allow_out, req.deny_out,
+                                 req.dns_servers)  # fmt: skip
         info = await self._resolve(req.template)  # TemplateNotFound -> 404
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.

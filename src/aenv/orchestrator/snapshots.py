@@ -44,6 +44,10 @@ class Shared(Protocol):
         """A sandbox paused here, for `reason` ("request", "timeout", "drain", ...): its
         paused state may be published."""
 
+    def updated(self, rec: SandboxRecord) -> None:
+        """A paused sandbox's record changed (a network update): if its paused state is
+        published, it is published again, so a resume elsewhere gets the change."""
+
     async def fork_elsewhere(self, snapshot_id: str, kids: list[SandboxRecord]
                              ) -> list[object]:  # fmt: skip
         """Start the fork children `kids` (records made here) on other nodes with room, from

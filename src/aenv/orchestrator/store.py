@@ -136,7 +136,7 @@ class SandboxRecord:
             "auto_resume": int(self.auto_resume),
             "auto_pause_memory": int(self.auto_pause_memory),
             "allow_internet": None if self.allow_internet is None else int(self.allow_internet),
-            "egress": None if self.egress.is_closed else json.dumps(self.egress.to_json()),
+            "egress": _egress_column(self.egress),
         }
         return tuple(d[c] for c in _COLUMNS)
 
@@ -154,6 +154,10 @@ class SandboxRecord:
         d["egress"] = (EgressPolicy() if d["egress"] is None
                        else EgressPolicy.from_json(json.loads(d["egress"])))
         return cls(**d)
+
+
+def _egress_column(egress: EgressPolicy) -> str | None:
+    return None if egress == EgressPolicy() else json.dumps(egress.to_json())
 
 
 @dataclass(frozen=True)
@@ -301,6 +305,19 @@ class Store:
             f"UPDATE sandboxes SET {sets}, updated_at_us = ? "
             f"WHERE sandbox_id = ? AND state IN ({marks})",
             (*fields.values(), now_us, sandbox_id, *map(str, expected)),
+        )
+        return cur.rowcount == 1
+
+    def set_egress(self, sandbox_id: str, expected: Iterable[SandboxState], egress: EgressPolicy,
+                   allow_internet: bool | None, now_us: int) -> bool:  # fmt: skip
+        """A live network update: the policy and the request's allowInternetAccess."""
+        expected = tuple(expected)
+        marks = ", ".join("?" * len(expected))
+        cur = self.db.execute(
+            f"UPDATE sandboxes SET egress = ?, allow_internet = ?, updated_at_us = ? "
+            f"WHERE sandbox_id = ? AND state IN ({marks})",
+            (_egress_column(egress), None if allow_internet is None else int(allow_internet),
+             now_us, sandbox_id, *map(str, expected)),
         )
         return cur.rowcount == 1
 

@@ -1,7 +1,8 @@
 """allow_internet_access and network.allowOut/denyOut over HTTP (fake runtime): what is
-refused, and that the policy reaches the runtime on create, resume and fork, and survives a
-node restart. The policy's effect on packets is tested on real VMs
-(tests/integration/network/test_isolation.py)."""
+refused, the node's default, that the policy reaches the runtime on create, resume and fork
+and survives a node restart, and live updates (PUT /sandboxes/{id}/network, through the
+SDK's generated client). The policy's effect on packets is tested on real VMs
+(tests/integration/network/test_isolation.py, tests/e2e/test_network_update.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2b.api.client.api.sandboxes import put_sandboxes_sandbox_id_network
+from e2b.api.client.client import AuthenticatedClient
+from e2b.api.client.models import SandboxNetworkUpdateConfig
+from e2b.api.client.types import Response
 
 from aenv.api.app import Node
 from aenv.network.egress import EgressPolicy
@@ -27,7 +32,8 @@ Net = ipaddress.IPv4Network
     ({"allowOut": "10.0.0.1"}, "allowOut"),
     ({"allowOut": [1]}, "allowOut"),
     ({"allowOut": ["10.0.0.0/33"]}, "not an IPv4"),
-    ({"dnsServers": ["1.1.1.1"]}, "network.dnsServers is not supported"),
+    ({"dnsServers": ["1.1.1.1", "example.com"]}, "dnsServers: 'example.com' is not an IPv4"),
+    ({"dnsServers": [f"10.0.0.{i}" for i in range(11)]}, "more than 10"),
     ({"egressProxy": {"address": "p:1080"}}, "network.egressProxy"),
 ])
 async def test_network_options_it_cannot_enforce_are_400(
@@ -58,13 +64,31 @@ async def test_policy_reaches_every_start_of_the_sandbox(
     assert runtime.inits[kid].egress == want  # children inherit it
 
 
-async def test_default_is_closed_and_true_opens_the_internet(
+async def test_public_destinations_are_open_by_default_as_in_e2b(
     client: httpx.AsyncClient, runtime: FakeRuntime
 ) -> None:
-    closed = await create(client)
-    assert runtime.inits[closed["sandboxID"]].egress.is_closed
-    opened = await create(client, allow_internet_access=True)
+    opened = await create(client)
     assert runtime.inits[opened["sandboxID"]].egress == EgressPolicy(internet=True)
+    closed = await create(client, allow_internet_access=False)
+    assert runtime.inits[closed["sandboxID"]].egress.is_closed
+    detail = (await client.get(f"/sandboxes/{opened['sandboxID']}")).json()
+    assert detail["allowInternetAccess"] is None
+    assert detail["network"] == {"allowOut": [], "denyOut": []}
+
+
+async def test_a_node_may_close_them_by_default(tmp_path: Path) -> None:
+    runtime = FakeRuntime()
+    node = Node(make_config(tmp_path, network={"internet_by_default": False}), runtime)
+    await node.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=node),
+                                     base_url="http://aenv", headers={"X-API-Key": KEY}) as c:
+            closed = await create(c)
+            assert runtime.inits[closed["sandboxID"]].egress.is_closed
+            opened = await create(c, allow_internet_access=True)
+            assert runtime.inits[opened["sandboxID"]].egress == EgressPolicy(internet=True)
+    finally:
+        await node.close()
 
 
 async def test_policy_survives_a_node_restart(tmp_path: Path) -> None:
@@ -81,6 +105,79 @@ async def test_policy_survives_a_node_restart(tmp_path: Path) -> None:
     await node.start()
     try:
         rec = node.orchestrator.get(sid)
-        assert rec.egress == EgressPolicy(allow_out=(Net("198.51.100.0/24"),))
+        assert rec.egress == EgressPolicy(allow_out=(Net("198.51.100.0/24"),), internet=True)
     finally:
         await node.close()
+
+
+@pytest.fixture
+def sdk(node: Node) -> AuthenticatedClient:
+    c = AuthenticatedClient(base_url="http://aenv", token=KEY, prefix="",
+                            auth_header_name="X-API-Key")  # fmt: skip
+    c.set_async_httpx_client(httpx.AsyncClient(transport=httpx.ASGITransport(app=node),
+                                               base_url="http://aenv",
+                                               headers={"X-API-Key": KEY}))  # fmt: skip
+    return c
+
+
+async def _update(sdk: AuthenticatedClient, sid: str, **body: object) -> Response[object]:
+    return await put_sandboxes_sandbox_id_network.asyncio_detailed(
+        sid, client=sdk, body=SandboxNetworkUpdateConfig(**body))  # type: ignore[arg-type]
+
+
+async def test_an_update_replaces_the_policy_live_and_omitted_fields_are_cleared(
+    client: httpx.AsyncClient, sdk: AuthenticatedClient, runtime: FakeRuntime
+) -> None:
+    sid = (await create(client, network={"allowOut": ["203.0.113.7"],
+                                         "denyOut": ["0.0.0.0/0"]}))["sandboxID"]  # fmt: skip
+    r = await _update(sdk, sid, deny_out=["8.8.8.8"], dns_servers=["1.1.1.1"])
+    assert r.status_code == 204, r.content
+    want = EgressPolicy(deny_out=(Net("8.8.8.8/32"),), internet=True, dns_servers=("1.1.1.1",))
+    assert runtime.egress[sid] == want  # on the slot at once
+    detail = (await client.get(f"/sandboxes/{sid}")).json()
+    assert detail["network"] == {"allowOut": [], "denyOut": ["8.8.8.8/32"],
+                                 "dnsServers": ["1.1.1.1"]}  # fmt: skip
+
+    assert (await _update(sdk, sid)).status_code == 204  # {}: everything back to default
+    assert runtime.egress[sid] == EgressPolicy(internet=True)
+    assert (await _update(sdk, sid, allow_internet_access=False)).status_code == 204
+    assert runtime.egress[sid].is_closed
+    assert (await client.get(f"/sandboxes/{sid}")).json()["allowInternetAccess"] is False
+
+    # Forks inherit the updated policy.
+    r = await client.post(f"/sandboxes/{sid}/fork", json={"count": 1})
+    kid = r.json()[0]["sandbox"]["sandboxID"]
+    assert runtime.inits[kid].egress == EgressPolicy(internet=False)
+
+
+async def test_a_paused_sandbox_gets_its_update_at_resume(
+    client: httpx.AsyncClient, sdk: AuthenticatedClient, runtime: FakeRuntime
+) -> None:
+    sid = (await create(client))["sandboxID"]
+    assert (await client.post(f"/sandboxes/{sid}/pause")).status_code == 204
+    r = await _update(sdk, sid, allow_out=["198.51.100.0/24"], deny_out=["0.0.0.0/0"])
+    assert r.status_code == 204, r.content
+    assert sid not in runtime.egress  # no slot while paused
+    assert (await client.post(f"/sandboxes/{sid}/connect", json={})).status_code == 201
+    assert runtime.inits[sid].egress == EgressPolicy(
+        allow_out=(Net("198.51.100.0/24"),), deny_out=(Net("0.0.0.0/0"),), internet=True)
+
+
+async def test_bad_updates_are_clear_errors_and_change_nothing(
+    client: httpx.AsyncClient, runtime: FakeRuntime
+) -> None:
+    sid = (await create(client, allow_internet_access=False))["sandboxID"]
+    for body, status, text in [
+        ({"allowOut": ["example.com"]}, 400, "domain names are not supported"),
+        ({"denyOut": "8.8.8.8"}, 400, "denyOut"),
+        ({"dnsServers": ["nope"]}, 400, "dnsServers"),
+        ({"egressProxy": {"address": "p:1080"}}, 400, "network.egressProxy"),
+        ({"rules": {"a.example.com": [{"transform": {"headers": {"a": "b"}}}]}}, 400,
+         "network.rules"),
+        ({"allowInternetAccess": "yes"}, 400, "allowInternetAccess"),
+    ]:
+        assert_error(await client.put(f"/sandboxes/{sid}/network", json=body), status, text)
+    assert_error(await client.put("/sandboxes/nope/network", json={}), 404)
+    assert_error(await client.put(f"/sandboxes/{sid}/network", content=b"[1"), 400)
+    assert sid not in runtime.egress
+    assert (await client.get(f"/sandboxes/{sid}")).json()["allowInternetAccess"] is False

@@ -10,7 +10,14 @@ import ipaddress
 
 import pytest
 
-from aenv.network.egress import EgressPolicy, EgressPolicyError, compile_sets
+from aenv.network.egress import (
+    SPECIAL,
+    EgressPolicy,
+    EgressPolicyError,
+    compile_sets,
+    public_ranges,
+    special_ranges,
+)
 from aenv.network.rules import egress_commands, slot_ruleset
 
 Net = ipaddress.IPv4Network
@@ -74,3 +81,34 @@ def test_rules_text() -> None:
     assert "add element inet aenv allow_special { 203.0.113.9/32 }" in cmds
     assert "add element inet aenv allow_default" not in cmds
     assert "add element" not in egress_commands(None)
+
+
+def test_public_ranges_leave_the_special_set_and_must_lie_inside_it() -> None:
+    public = public_ranges(["198.19.0.0/16", "10.9.0.0/16"])
+    special = special_ranges(public)
+
+    def inside(addr: str) -> bool:
+        return any(ipaddress.ip_address(addr) in n for n in special)
+
+    assert not inside("198.19.200.2") and not inside("10.9.1.1")
+    assert inside("198.18.0.1") and inside("10.8.255.255") and inside("10.10.0.0")
+    assert inside("192.168.1.1")
+    sets = compile_sets(EgressPolicy.from_request(True), "198.18.0.0/16", HOST, public)
+    assert sets.special == special and sets.allow_default == (Net("0.0.0.0/0"),)
+    assert special_ranges() == tuple(ipaddress.collapse_addresses(SPECIAL))
+    for bad, text in [("8.8.8.0/24", "not inside a special range"),
+                      ("10.0.0.0/7", "not inside a special range"),
+                      ("example.com", "not an IPv4")]:  # fmt: skip
+        with pytest.raises(EgressPolicyError, match=text):
+            public_ranges([bad])
+
+
+def test_dns_servers_are_kept_and_checked() -> None:
+    p = EgressPolicy.from_request(True, dns_servers=[" 1.1.1.1", "8.8.8.8"])
+    assert p.dns_servers == ("1.1.1.1", "8.8.8.8")
+    assert EgressPolicy.from_json(p.to_json()) == p
+    assert EgressPolicy.from_request(True).dns_servers is None
+    assert EgressPolicy.from_request(True, dns_servers=[]).dns_servers == ()
+    for bad in (["::1"], ["1.1.1.1/32"], [1], ["9.9.9.9"] * 11):
+        with pytest.raises(EgressPolicyError, match="dnsServers"):
+            EgressPolicy.from_request(True, dns_servers=bad)
