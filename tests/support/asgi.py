@@ -18,15 +18,16 @@ class _QuietServer(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Any, port: int = 0) -> AsyncIterator[int]:
+async def serve(app: Any, port: int = 0, **config: Any) -> AsyncIterator[int]:
     """Serve `app` (lifespan off: the caller starts it) on `port` (0: a free one); yields
-    the port."""
+    the port. `config`: more uvicorn settings (ssl_certfile, ssl_keyfile)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     server = _QuietServer(uvicorn.Config(
         app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=1,
+        **config,
     ))  # fmt: skip
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

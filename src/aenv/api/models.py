@@ -30,19 +30,25 @@ class AutoResume(_Body):
     enabled: StrictBool = False
 
 
-class SandboxNetwork(_Body):
-    """E2B's `SandboxNetworkConfig`. allowOut/denyOut (IPv4 addresses and CIDRs) are
-    enforced per sandbox (docs/security.md, "Egress"); dnsServers are kept; any other key
-    set is a 400."""
-
-    model_config = ConfigDict(extra="allow")
+class _Egress(_Body):
+    model_config = ConfigDict(extra="allow")  # what is set of the rest is a 400
 
     allowOut: list[StrictStr] | None = None
     denyOut: list[StrictStr] | None = None
     dnsServers: list[StrictStr] | None = None
 
 
-class SandboxNetworkUpdate(SandboxNetwork):
+class SandboxNetwork(_Egress):
+    """E2B's `SandboxNetworkConfig`. allowOut/denyOut (IPv4 addresses and CIDRs) are
+    enforced per sandbox (docs/security.md, "Egress"); dnsServers are kept; the rest says
+    how its ports are reached (`orchestrator/routes.Ingress`). Any other key set is a 400."""
+
+    allowPublicTraffic: StrictBool | None = None
+    maskRequestHost: StrictStr | None = None
+    httpsPorts: list[StrictInt] | None = None
+
+
+class SandboxNetworkUpdate(_Egress):
     """E2B's `SandboxNetworkUpdateConfig` (PUT /sandboxes/{id}/network): replaces the whole
     egress policy; a field left out goes back to its default. The SDK sends
     `allow_internet_access` (snake case, as in a create); `allowInternetAccess` is taken too."""
@@ -60,11 +66,14 @@ class SandboxNetworkUpdate(SandboxNetwork):
 
 
 class NetworkInfo(BaseModel):
-    """A sandbox's egress policy, as GET /sandboxes/{id} reports it (`network`)."""
+    """A sandbox's network options, as GET /sandboxes/{id} reports them (`network`)."""
 
     allowOut: list[str]
     denyOut: list[str]
     dnsServers: list[str] | None = None
+    allowPublicTraffic: bool = True
+    maskRequestHost: str | None = None
+    httpsPorts: list[int] | None = None
 
 
 class NewSandbox(_Body):

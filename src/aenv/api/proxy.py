@@ -56,9 +56,10 @@ log = logging.getLogger("aenv.proxy")
 Scope = dict[str, Any]
 Message = dict[str, Any]
 
+_TRAFFIC_TOKEN = b"e2b-traffic-access-token"
 _ROUTING = frozenset({
     b"e2b-sandbox-id", b"e2b-sandbox-port", b"x-agentenv-sandbox-id",
-    b"x-agentenv-target-port", b"host", b"expect",
+    b"x-agentenv-target-port", b"host", b"expect", _TRAFFIC_TOKEN,
 })  # fmt: skip
 READY_WAIT_S = 60.0  # the longest a request waits for its sandbox's start to finish
 _SID_HEADERS = (b"e2b-sandbox-id", b"x-agentenv-sandbox-id")
@@ -66,6 +67,8 @@ _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
 UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
 )
+NO_TRAFFIC_TOKEN = ("this sandbox's ports are not public: send its traffic access token in "
+                    "the e2b-traffic-access-token header")
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,8 @@ class DataPlaneProxy:
                 return _Denial(502, not_found_body(target.sandbox_id), "not_found")
         if target.port == self.agent_port and not self._authorized(route, scope, method, params):
             return unauthorized
+        if target.port != self.agent_port and not _traffic_ok(route, scope):
+            return _Denial(403, {"code": 403, "message": NO_TRAFFIC_TOKEN}, "no_traffic_token")
         ready = route.handle.ready
         if ready is not None and not ready.done():
             # Its start finishes behind the API call (a fork child's /init, a hot resume's
@@ -278,6 +283,7 @@ class DataPlaneProxy:
             scope, receive, send, (route.handle.slot_addr, target.port),
             target_of(scope, target.raw_path), _sandbox_headers(scope), ex,
             lambda: _port_closed_body(route, target.port),
+            tls=target.port in route.ingress.https_ports,
         )  # fmt: skip
         PROXY_REQUESTS.labels(outcome).inc()
 
@@ -289,11 +295,23 @@ class DataPlaneProxy:
                 self.upstream, scope, receive, send, (route.handle.slot_addr, target.port),
                 target_of(scope, target.raw_path), _sandbox_headers(scope), ex,
                 lambda: _port_closed_body(route, target.port),
+                tls=target.port in route.ingress.https_ports,
+                host_header=route.ingress.host_header(target.port),
             )  # fmt: skip
         except Aborted:
             PROXY_REQUESTS.labels("upstream_broken").inc()
             raise
         PROXY_REQUESTS.labels(outcome).inc()
+
+
+def _traffic_ok(route: Route, scope: Scope) -> bool:
+    """A sandbox whose ports are not public (E2B's allowPublicTraffic false) takes requests
+    to them with its traffic access token only."""
+    want = route.ingress.traffic_token
+    if want is None:
+        return True
+    given = next((v for k, v in scope["headers"] if k == _TRAFFIC_TOKEN), b"")
+    return hmac.compare_digest(given, want.encode())
 
 
 def _sandbox_headers(scope: Scope) -> list[tuple[bytes, bytes]]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aenv.api import websocket as ws
-from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool
+from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool, unchecked_tls
 from aenv.obs import PROXY_OPEN
 
 Scope = dict[str, Any]
@@ -120,11 +120,13 @@ def target_of(scope: Scope, raw_path: bytes) -> bytes:
 async def relay_http(
     pool: UpstreamPool, scope: Scope, receive: Any, send: Any, addr: tuple[str, int],
     target: bytes, headers: Headers, ex: Exchange,
-    connect_failed: Callable[[], dict[str, Any]],
+    connect_failed: Callable[[], dict[str, Any]], *, tls: bool = False,
+    host_header: bytes | None = None,
 ) -> str:  # fmt: skip
     """Relay the request to `addr` (`headers` already filtered; the body's framing is
-    taken from the scope). Returns the outcome: ok, port_closed, client_gone,
-    upstream_error. Raises Aborted when the upstream breaks mid-response."""
+    taken from the scope), over TLS if `tls`, with `host_header` as Host if given. Returns
+    the outcome: ok, port_closed, client_gone, upstream_error. Raises Aborted when the
+    upstream breaks mid-response."""
     length: bytes | None = None
     chunked = False
     for k, v in scope["headers"]:
@@ -144,7 +146,7 @@ async def relay_http(
         response = await pool.request(
             scope["method"], addr[0], addr[1], target, headers,
             body=_body(receive, body_read) if body_read is not None else None,
-            content_length=length,
+            content_length=length, tls=tls, host_header=host_header,
         )  # fmt: skip
     except ConnectFailed:
         await send_json(send, 502, connect_failed())
@@ -181,15 +183,17 @@ async def relay_http(
 
 async def relay_websocket(
     scope: Scope, receive: Any, send: Any, addr: tuple[str, int], target: bytes,
-    headers: Headers, ex: Exchange, connect_failed: Callable[[], dict[str, Any]],
+    headers: Headers, ex: Exchange, connect_failed: Callable[[], dict[str, Any]], *,
+    tls: bool = False,
 ) -> str:  # fmt: skip
     """Bridge an accepted-to-be client WebSocket (its `websocket.connect` already received)
-    to one opened at `addr`. Returns the outcome: ws_ok, ws_refused, port_closed,
-    upstream_error, client_gone or aborted."""
+    to one opened at `addr` (over TLS if `tls`). Returns the outcome: ws_ok, ws_refused,
+    port_closed, upstream_error, client_gone or aborted."""
     try:
         up = await ws.open_upstream(addr[0], addr[1], target,
                                     forward_headers(headers, ws.HANDSHAKE_HEADERS),
-                                    scope.get("subprotocols") or ())  # fmt: skip
+                                    scope.get("subprotocols") or (),
+                                    unchecked_tls() if tls else None)  # fmt: skip
     except ws.Refused as e:
         ctype = next((v for k, v in e.headers if k == b"content-type"), b"text/plain")
         await ws.deny(scope, send, e.status, e.body, ctype)

@@ -61,7 +61,7 @@ def _sandbox(request: Request, rec: SandboxRecord) -> Sandbox:
         "clientID": _orch(request).client_id,
         "envdVersion": rec.envd_version,
         "alias": rec.alias,
-        "trafficAccessToken": None,
+        "trafficAccessToken": rec.ingress.traffic_token,
         "domain": request.app.state.domain,
     }
     if rec.access_token is not None:
@@ -94,6 +94,12 @@ def _network_info(rec: SandboxRecord) -> NetworkInfo:
                        denyOut=[str(n) for n in e.deny_out])  # fmt: skip
     if e.dns_servers is not None:  # set only then: the SDK reads a null as a list
         info.dnsServers = list(e.dns_servers)
+    i = rec.ingress
+    info.allowPublicTraffic = i.traffic_token is None
+    if i.mask_host is not None:
+        info.maskRequestHost = i.mask_host
+    if i.https_ports:
+        info.httpsPorts = sorted(i.https_ports)
     return info
 
 
@@ -113,12 +119,11 @@ def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
     return SandboxDetail(**fields)
 
 
-def _unsupported_network(network: SandboxNetwork | None) -> None:
+def _unsupported_network(network: SandboxNetwork | SandboxNetworkUpdate | None) -> None:
     extra = network.model_extra if network else None
     unsupported = sorted(k for k, v in (extra or {}).items() if v not in (None, [], {}, False))
     if unsupported:
-        raise Unsupported(f"network.{unsupported[0]} is not supported yet (only allowOut, "
-                          "denyOut and dnsServers are)")
+        raise Unsupported(f"network.{unsupported[0]} is not supported yet")
 
 
 def _unsupported_options(body: NewSandbox) -> None:
@@ -143,6 +148,7 @@ def _placed_id(request: Request) -> str | None:
 
 async def _create(request: Request, body: NewSandbox, default_timeout: int) -> Sandbox:
     _unsupported_options(body)
+    net = body.network or SandboxNetwork()
     req = CreateRequest(
         template=body.templateID,
         timeout_s=body.timeout if body.timeout is not None else default_timeout,
@@ -153,9 +159,12 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         auto_resume=bool(body.autoResume and body.autoResume.enabled),
         auto_pause_memory=body.autoPauseMemory is not False,
         allow_internet=body.allow_internet_access,
-        allow_out=list(body.network.allowOut or []) if body.network else [],
-        deny_out=list(body.network.denyOut or []) if body.network else [],
-        dns_servers=body.network.dnsServers if body.network else None,
+        allow_out=list(net.allowOut or []),
+        deny_out=list(net.denyOut or []),
+        dns_servers=net.dnsServers,
+        allow_public_traffic=net.allowPublicTraffic,
+        mask_request_host=net.maskRequestHost,
+        https_ports=net.httpsPorts,
         vcpus=body.cpuCount,
         memory_mib=body.memoryMB,
         sandbox_id=_placed_id(request),

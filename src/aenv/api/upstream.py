@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import ssl
 import time
 from collections.abc import AsyncIterator
+
+Addr = tuple[str, int, bool]  # host, port, TLS: one pool of connections each
 
 CONNECT_TIMEOUT_S = 5.0
 KEEPALIVE_EXPIRY_S = 30.0
@@ -75,7 +79,7 @@ class UpstreamResponse:
                  "addr", "headers", "status")  # fmt: skip
 
     def __init__(
-        self, pool: UpstreamPool, addr: tuple[str, int], conn: _Conn, status: int,
+        self, pool: UpstreamPool, addr: Addr, conn: _Conn, status: int,
         headers: list[tuple[bytes, bytes]], framing: str, length: int, reusable: bool,
         sender: asyncio.Task[None] | None = None,
     ) -> None:  # fmt: skip
@@ -197,22 +201,35 @@ def _body_failure(task: asyncio.Task[None] | None) -> BaseException | None:
     return None if exc is None or isinstance(exc, ConnectionError) else exc
 
 
+@functools.cache
+def unchecked_tls() -> ssl.SSLContext:
+    # A sandbox's HTTPS port serves whatever certificate it has (E2B: not verified).
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 class UpstreamPool:
     def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._idle: dict[Addr, list[_Conn]] = {}
         self._closed = False
 
     async def request(
         self, method: str, host: str, port: int, target: bytes,
         headers: list[tuple[bytes, bytes]], body: AsyncIterator[bytes] | None = None,
-        content_length: bytes | None = None,
+        content_length: bytes | None = None, *, tls: bool = False,
+        host_header: bytes | None = None,
     ) -> UpstreamResponse:  # fmt: skip
         """Send a request and read the response head. `headers` must not hold hop-by-hop
-        or framing headers; `Host` is set here. Raises ConnectFailed, UpstreamError, or
-        whatever the body iterator raises."""
-        addr = (host, port)
-        head = bytearray(b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n"
-                         % (method.encode(), target, host.encode(), port))  # fmt: skip
+        or framing headers; `Host` is set here (`host_header`, default host:port). `tls`:
+        over TLS, the upstream's certificate unchecked (a sandbox's own). Raises
+        ConnectFailed, UpstreamError, or whatever the body iterator raises."""
+        addr = (host, port, tls)
+        if host_header is None:
+            host_header = b"%s:%d" % (host.encode(), port)
+        head = bytearray(b"%s %s HTTP/1.1\r\nhost: %s\r\n"
+                         % (method.encode(), target, host_header))  # fmt: skip
         for k, v in headers:
             head += k + b": " + v + b"\r\n"
         chunked = False
@@ -241,7 +258,7 @@ class UpstreamPool:
             raise UpstreamError("upstream closed the connection before answering") from None
 
     async def _send(
-        self, method: str, addr: tuple[str, int], conn: _Conn, head: bytes | bytearray,
+        self, method: str, addr: Addr, conn: _Conn, head: bytes | bytearray,
         body: AsyncIterator[bytes] | None, chunked: bool,
     ) -> UpstreamResponse:  # fmt: skip
         try:
@@ -267,7 +284,7 @@ class UpstreamPool:
             raise
 
     async def _read_head(
-        self, method: str, addr: tuple[str, int], conn: _Conn,
+        self, method: str, addr: Addr, conn: _Conn,
         sender: asyncio.Task[None] | None = None,
     ) -> UpstreamResponse:  # fmt: skip
         r = conn.reader
@@ -329,7 +346,7 @@ class UpstreamPool:
         return UpstreamResponse(self, addr, conn, status, headers, framing, length, not close,
                                 sender)  # fmt: skip
 
-    def _acquire(self, addr: tuple[str, int]) -> _Conn | None:
+    def _acquire(self, addr: Addr) -> _Conn | None:
         idle = self._idle.get(addr)
         now = time.monotonic()
         while idle:
@@ -339,7 +356,7 @@ class UpstreamPool:
             conn.close()
         return None
 
-    def _release(self, addr: tuple[str, int], conn: _Conn) -> None:
+    def _release(self, addr: Addr, conn: _Conn) -> None:
         idle = self._idle.setdefault(addr, [])
         if self._closed or len(idle) >= MAX_IDLE_PER_ADDR or conn.reader.at_eof():
             conn.close()
@@ -347,10 +364,11 @@ class UpstreamPool:
         conn.idle_since = time.monotonic()
         idle.append(conn)
 
-    async def _connect(self, addr: tuple[str, int]) -> _Conn:
+    async def _connect(self, addr: Addr) -> _Conn:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                reader, writer = await asyncio.open_connection(addr[0], addr[1], limit=_LIMIT)
+                reader, writer = await asyncio.open_connection(
+                    addr[0], addr[1], limit=_LIMIT, ssl=unchecked_tls() if addr[2] else None)
         except (OSError, TimeoutError) as e:
             raise ConnectFailed(repr(e)) from None
         return _Conn(reader, writer)

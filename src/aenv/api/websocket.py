@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import http
 import json
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,15 +70,16 @@ class _NoRedirects(connect):
 
 async def open_upstream(
     host: str, port: int, target: bytes, headers: Sequence[tuple[bytes, bytes]],
-    subprotocols: Sequence[str],
+    subprotocols: Sequence[str], tls: ssl.SSLContext | None = None,
 ) -> ClientConnection:  # fmt: skip
-    """Open a WebSocket to `host:port` with the client's `target` (path?query), headers and
-    offered subprotocols. Raises ConnectFailed, Refused or UpstreamError."""
-    uri = f"ws://{host}:{port}{target.decode('latin-1')}"
+    """Open a WebSocket to `host:port` (over TLS with `tls`) with the client's `target`
+    (path?query), headers and offered subprotocols. Raises ConnectFailed, Refused or
+    UpstreamError."""
+    uri = f"{'wss' if tls else 'ws'}://{host}:{port}{target.decode('latin-1')}"
     try:
         return await _NoRedirects(
-            uri, additional_headers=[(k.decode("latin-1"), v.decode("latin-1"))
-                                     for k, v in headers],
+            uri, ssl=tls, additional_headers=[(k.decode("latin-1"), v.decode("latin-1"))
+                                              for k, v in headers],
             subprotocols=list(subprotocols) or None,  # type: ignore[arg-type]
             compression=None,  # the hop to a local slot gains nothing from deflate
             user_agent_header=None, proxy=None, open_timeout=OPEN_TIMEOUT_S,

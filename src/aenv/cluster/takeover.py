@@ -31,6 +31,7 @@ from aenv.cluster.published import PublishedEntry, parse_entry, paused_key, paus
 from aenv.machines.machine import PAUSE_MARKER
 from aenv.network.egress import EgressPolicy
 from aenv.orchestrator.errors import NotFound, Unavailable
+from aenv.orchestrator.routes import Ingress
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import SandboxRecord
 from aenv.storage import checksums as sums
@@ -52,6 +53,7 @@ def record_json(rec: SandboxRecord) -> dict[str, Any]:
     d = dataclasses.asdict(rec)
     d["state"] = str(rec.state)
     d["egress"] = rec.egress.to_json()
+    d["ingress"] = rec.ingress.to_json()
     return d
 
 
@@ -59,6 +61,7 @@ def record_of(d: dict[str, Any]) -> SandboxRecord:
     d = dict(d)
     d["state"] = SandboxState(d["state"])
     d["egress"] = EgressPolicy.from_json(d.get("egress") or {})
+    d["ingress"] = Ingress.from_json(d.get("ingress") or {})
     fields = {f.name for f in dataclasses.fields(SandboxRecord)}
     return SandboxRecord(**{k: v for k, v in d.items() if k in fields})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -331,6 +332,9 @@ class Forking:
             auto_pause=src.auto_pause, auto_resume=src.auto_resume,
             auto_pause_memory=src.auto_pause_memory,
             allow_internet=src.allow_internet, egress=src.egress, updated_at_us=now,
+            # A child's ports are reached as its parent's, with a traffic token of its own.
+            ingress=dataclasses.replace(src.ingress, traffic_token=new_access_token())
+            if src.ingress.traffic_token is not None else src.ingress,
             default_user=src.default_user, default_workdir=src.default_workdir,
         )  # fmt: skip
 
@@ -350,7 +354,7 @@ class Forking:
         )  # fmt: skip
         if not ok:
             return ShuttingDown("the node is shutting down")
-        self.routes.add(r, kid.access_token)
+        self.routes.add(r, kid.access_token, kid.ingress)
         return self.get(sid)
 
     # -- TTL -------------------------------------------------------------------------------

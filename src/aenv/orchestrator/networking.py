@@ -17,6 +17,8 @@ from aenv.network.egress import EgressPolicy, EgressPolicyError
 from aenv.network.rules import RulesError
 from aenv.obs import log_event
 from aenv.orchestrator.errors import InvalidRequest, StateConflict, Unavailable
+from aenv.orchestrator.requests import CreateRequest, new_access_token
+from aenv.orchestrator.routes import Ingress, IngressError
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import SandboxRecord
 
@@ -37,6 +39,15 @@ class Networking:
         try:
             return EgressPolicy.from_request(internet, allow_out, deny_out, dns_servers)
         except EgressPolicyError as e:
+            raise InvalidRequest(str(e)) from None
+
+    def ingress_for(self, req: CreateRequest) -> Ingress:
+        """How a new sandbox's ports are reached; InvalidRequest on options that are not
+        valid."""
+        token = new_access_token() if req.allow_public_traffic is False else None
+        try:
+            return Ingress.from_request(token, req.mask_request_host, req.https_ports)
+        except IngressError as e:
             raise InvalidRequest(str(e)) from None
 
     async def update_network(self, sandbox_id: str, allow_internet: bool | None,

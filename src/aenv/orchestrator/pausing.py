@@ -79,7 +79,7 @@ class Pausing:
             self.store.transition(sid, [S.PAUSING], S.PAUSED, now, slot_addr=None, vmm_pid=None)
         elif route is not None and self.runtime.is_running(sid):
             self.store.transition(sid, [S.PAUSING], S.RUNNING, now)
-            self.routes.add(route.handle, rec.access_token)
+            self.routes.add(route.handle, rec.access_token, rec.ingress)
         else:
             self.store.transition(sid, [S.PAUSING], S.KILLING, now)
             await self._runtime_kill(route.handle if route else self._handle(rec))
@@ -141,7 +141,7 @@ class Pausing:
         if not ok:
             await self._runtime_kill(handle)
             raise ShuttingDown("the node is shutting down")
-        self.routes.add(handle, rec.access_token)
+        self.routes.add(handle, rec.access_token, rec.ingress)
         OPS_TOTAL.labels("resume", "ok").inc()
         log_event(log, "sandbox.resumed", sandbox_id=sid, slot=handle.slot_addr, reboot=reboot,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip

@@ -72,7 +72,7 @@ async def recover(orch: Node) -> dict[str, int]:
             log_event(log, "recovery.paused", sandbox_id=rec.sandbox_id, state=str(rec.state))
         elif action == "adopt" and rec.sandbox_id in adopted:
             store.force_state(rec.sandbox_id, SandboxState.RUNNING, now)
-            orch.routes.add(adopted[rec.sandbox_id], rec.access_token)
+            orch.routes.add(adopted[rec.sandbox_id], rec.access_token, rec.ingress)
             counts["adopted"] += 1
             log_event(log, "recovery.adopted", sandbox_id=rec.sandbox_id, state=str(rec.state))
         elif action in ("adopt", "remove"):

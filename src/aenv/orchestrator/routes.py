@@ -7,9 +7,10 @@ killed sandbox's streams end at once instead of hanging on a vanished VM.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aenv.machines.api import SandboxHandle
 
@@ -19,10 +20,60 @@ class Stream(Protocol):
         """End this proxied exchange now (the client sees the connection drop)."""
 
 
+MAX_HTTPS_PORTS = 100
+_MASK = re.compile(r"[A-Za-z0-9.:\-_${}\[\]]{1,255}")  # a host[:port], ${PORT} allowed
+
+
+class IngressError(ValueError):
+    """A network option for the sandbox's ports that is not valid."""
+
+
+@dataclass(frozen=True)
+class Ingress:
+    """How a sandbox's own ports are reached through the proxy (E2B's network options)."""
+
+    # allowPublicTraffic false: requests to its ports need `e2b-traffic-access-token`.
+    traffic_token: str | None = None
+    # maskRequestHost: the Host header the sandbox sees, `${PORT}` the port asked for.
+    mask_host: str | None = None
+    # httpsPorts: the proxy speaks TLS to these (the sandbox's certificate is not checked).
+    https_ports: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_request(cls, traffic_token: str | None, mask_host: str | None,
+                     https_ports: Sequence[object] | None) -> Ingress:  # fmt: skip
+        if mask_host is not None and not _MASK.fullmatch(mask_host):
+            raise IngressError(f"network.maskRequestHost: {mask_host!r} is not a host name "
+                               "(with an optional :port and ${PORT})")
+        ports = list(https_ports or [])
+        if len(ports) > MAX_HTTPS_PORTS:
+            raise IngressError(f"network.httpsPorts holds more than {MAX_HTTPS_PORTS} ports")
+        for p in ports:
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536:
+                raise IngressError(f"network.httpsPorts: {p!r} is not a port (1-65535)")
+        return cls(traffic_token, mask_host, frozenset(ports))  # type: ignore[arg-type]
+
+    def host_header(self, port: int) -> bytes | None:
+        return self.mask_host.replace("${PORT}", str(port)).encode() if self.mask_host else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trafficToken": self.traffic_token, "maskRequestHost": self.mask_host,
+                "httpsPorts": sorted(self.https_ports)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Ingress:
+        return cls(d.get("trafficToken"), d.get("maskRequestHost"),
+                   frozenset(d.get("httpsPorts") or ()))  # fmt: skip
+
+
+PUBLIC = Ingress()  # the default: any client reaches any port
+
+
 @dataclass
 class Route:
     handle: SandboxHandle
     access_token: str | None
+    ingress: Ingress = PUBLIC
     streams: set[Stream] = field(default_factory=set)
 
     @property
@@ -36,8 +87,9 @@ class RouteTable:
         # Called after a route is removed (e.g. the proxy drops pooled connections to it).
         self.on_remove: list[Callable[[Route], None]] = []
 
-    def add(self, handle: SandboxHandle, access_token: str | None) -> Route:
-        route = Route(handle, access_token)
+    def add(self, handle: SandboxHandle, access_token: str | None,
+            ingress: Ingress = PUBLIC) -> Route:  # fmt: skip
+        route = Route(handle, access_token, ingress)
         self._routes[handle.sandbox_id] = route
         return route
 

@@ -48,7 +48,7 @@ from aenv.orchestrator.requests import (
     new_access_token,
     new_sandbox_id,
 )
-from aenv.orchestrator.routes import RouteTable
+from aenv.orchestrator.routes import PUBLIC, Ingress, RouteTable
 from aenv.orchestrator.sandbox_logs import SandboxLogs
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
@@ -306,13 +306,14 @@ class Orchestrator(Pausing, Forking, Networking):
                                  "only by connect")  # fmt: skip
         egress = self.egress_for(req.allow_internet, req.allow_out, req.deny_out,
                                  req.dns_servers)  # fmt: skip
+        ingress = self.ingress_for(req)
         info = await self._resolve(req.template)  # TemplateNotFound -> 404
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
         if req.sandbox_id is not None and (req.existing_only or self.store.get(req.sandbox_id)):
             return await self._made(req.sandbox_id)
         self._admit(shape.memory_mib, "create a sandbox")
-        rec = self._new_record(req, info, shape, egress)
+        rec = self._new_record(req, info, shape, egress, ingress)
         sid = rec.sandbox_id
         self.store.insert(rec)
         self._booting += 1
@@ -347,7 +348,7 @@ class Orchestrator(Pausing, Forking, Networking):
         return rec
 
     def _new_record(self, req: CreateRequest, info: TemplateInfo, shape: MachineShape,
-                    egress: EgressPolicy) -> SandboxRecord:
+                    egress: EgressPolicy, ingress: Ingress = PUBLIC) -> SandboxRecord:
         now = self.now_us()
         return SandboxRecord(
             sandbox_id=req.sandbox_id or new_sandbox_id(),
@@ -369,6 +370,7 @@ class Orchestrator(Pausing, Forking, Networking):
             auto_pause_memory=req.auto_pause_memory,
             allow_internet=req.allow_internet,
             egress=egress,
+            ingress=ingress,
             updated_at_us=now,
             default_user=info.user,
             default_workdir=info.workdir,
@@ -403,7 +405,7 @@ class Orchestrator(Pausing, Forking, Networking):
             await self._runtime_kill(handle)
             raise ShuttingDown("the node is shutting down")
         fault("create.after_record")
-        self.routes.add(handle, rec.access_token)
+        self.routes.add(handle, rec.access_token, rec.ingress)
         return handle
 
     # -- kill ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aenv.network.egress import EgressPolicy
+from aenv.orchestrator.routes import Ingress
 from aenv.orchestrator.states import GONE, SandboxState, is_legal
 
 # Schema version of the records on disk: a reader refuses a newer major. Columns added
@@ -80,6 +81,7 @@ _ADDED_COLUMNS = {
     "egress": "TEXT",  # EgressPolicy as JSON; NULL: no egress (the default)
     "default_user": "TEXT",  # from the template's image (USER); NULL: "user"
     "default_workdir": "TEXT",  # from the template's image (WORKDIR); NULL: the user's home
+    "ingress": "TEXT",  # routes.Ingress as JSON; NULL: public ports, no mask, no HTTPS
 }
 _COLUMNS = (
     "sandbox_id", "template_id", "alias", "state", "metadata", "env_vars", "access_token",
@@ -126,6 +128,7 @@ class SandboxRecord:
     egress: EgressPolicy = field(default_factory=EgressPolicy)  # applied on every start
     default_user: str | None = None
     default_workdir: str | None = None
+    ingress: Ingress = field(default_factory=Ingress)
 
     def _row(self) -> tuple[Any, ...]:
         d = self.__dict__ | {
@@ -137,6 +140,7 @@ class SandboxRecord:
             "auto_pause_memory": int(self.auto_pause_memory),
             "allow_internet": None if self.allow_internet is None else int(self.allow_internet),
             "egress": _egress_column(self.egress),
+            "ingress": None if self.ingress == Ingress() else json.dumps(self.ingress.to_json()),
         }
         return tuple(d[c] for c in _COLUMNS)
 
@@ -153,6 +157,8 @@ class SandboxRecord:
             d["allow_internet"] = bool(d["allow_internet"])
         d["egress"] = (EgressPolicy() if d["egress"] is None
                        else EgressPolicy.from_json(json.loads(d["egress"])))
+        d["ingress"] = (Ingress() if d["ingress"] is None
+                        else Ingress.from_json(json.loads(d["ingress"])))
         return cls(**d)
 
 

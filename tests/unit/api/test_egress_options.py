@@ -73,7 +73,7 @@ async def test_public_destinations_are_open_by_default_as_in_e2b(
     assert runtime.inits[closed["sandboxID"]].egress.is_closed
     detail = (await client.get(f"/sandboxes/{opened['sandboxID']}")).json()
     assert detail["allowInternetAccess"] is None
-    assert detail["network"] == {"allowOut": [], "denyOut": []}
+    assert detail["network"] == {"allowOut": [], "denyOut": [], "allowPublicTraffic": True}
 
 
 async def test_a_node_may_close_them_by_default(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ async def test_an_update_replaces_the_policy_live_and_omitted_fields_are_cleared
     assert runtime.egress[sid] == want  # on the slot at once
     detail = (await client.get(f"/sandboxes/{sid}")).json()
     assert detail["network"] == {"allowOut": [], "denyOut": ["8.8.8.8/32"],
-                                 "dnsServers": ["1.1.1.1"]}  # fmt: skip
+                                 "dnsServers": ["1.1.1.1"], "allowPublicTraffic": True}
 
     assert (await _update(sdk, sid)).status_code == 204  # {}: everything back to default
     assert runtime.egress[sid] == EgressPolicy(internet=True)

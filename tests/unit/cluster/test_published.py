@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
+
 from aenv.cluster.published import PublishedEntry, newest
 from aenv.cluster.takeover import record_json, record_of
 from aenv.network.egress import EgressPolicy
+from aenv.orchestrator.routes import Ingress
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import SandboxRecord
 
@@ -27,6 +30,7 @@ def test_a_record_survives_the_trip_through_the_store() -> None:
         sandbox_id="abc", template_id="base", state=SandboxState.PAUSED, started_at_us=1,
         end_at_us=2, timeout_s=300, vcpus=1, memory_mib=512, disk_mib=4096,
         envd_version="0.6.4", metadata={"k": "v"}, env_vars={"E": "1"}, access_token="tok",
-        egress=EgressPolicy.from_request(False, ["198.18.0.1"], []), pause_mode="full",
+        egress=EgressPolicy.from_request(False, ["198.18.0.1"], [], ["1.1.1.1"]),
+        pause_mode="full", ingress=Ingress("traffic", "h:${PORT}", frozenset({8443})),
     )  # fmt: skip
-    assert record_of(record_json(rec)) == rec
+    assert record_of(json.loads(json.dumps(record_json(rec)))) == rec
