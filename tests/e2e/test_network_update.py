@@ -143,7 +143,8 @@ def test_an_update_closes_a_running_sandbox_open_connections_too_and_reopens_it(
         assert _held_connection(sbx, inet, close_first=False) == "got HTTP/1.0 200 OK"
         assert _held_connection(sbx, inet, close_first=True) == "ECONNRESET"
         assert not _reachable(sbx, inet)  # a new one is dropped
-        assert sbx.get_info().network == {"allow_out": [], "deny_out": [f"{inet[0].addr}/32"]}
+        assert sbx.get_info().network == {"allow_out": [], "deny_out": [f"{inet[0].addr}/32"],
+                                          "allow_public_traffic": True}
         sbx.update_network({})  # everything back to the default: open
         assert _reachable(sbx, inet)
         sbx.update_network({"allow_internet_access": False})
