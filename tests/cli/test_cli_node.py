@@ -99,9 +99,11 @@ def test_unique_prefix_works_and_ambiguous_prefix_is_an_error(fake_node: Node) -
         p = fake_node.cli("timeout", shared, "60")
         assert_one_line_error(p, f"ambiguous sandbox id prefix '{shared}'")
 
+        # Unique among every sandbox on the node, not only this test's: the node is shared.
+        everyone = fake_node.sandbox_ids()
         target = ids[0]
         prefix = next(target[:n] for n in range(1, 21)
-                      if sum(i.startswith(target[:n]) for i in ids) == 1)  # fmt: skip
+                      if sum(i.startswith(target[:n]) for i in everyone) == 1)  # fmt: skip
         p = fake_node.cli("rm", prefix)
         assert (p.returncode, p.stdout) == (0, target + "\n"), p.stderr
         assert target not in fake_node.sandbox_ids()
