@@ -47,7 +47,7 @@ def test_sdk_network_options_reach_the_slot(node: NodeProcess) -> None:
     # Its slot is closed again once it is released.
     assert all("198.51.100.7" not in text for text in _slot_sets(instance).values())
 
-    with pytest.raises(SandboxException, match="400: .*domain names are not supported"):
-        Sandbox.create(network={"allow_out": ["example.com"]}, timeout=60)
+    with pytest.raises(SandboxException, match="400: .*domains are allowed in allowOut only"):
+        Sandbox.create(network={"deny_out": ["example.com"]}, timeout=60)
     with pytest.raises(SandboxException, match="400: .*IPv6"):
         Sandbox.create(network={"deny_out": ["2001:db8::/32"]}, timeout=60)

@@ -12,7 +12,10 @@ import random
 import secrets
 import socket
 import socketserver
+import ssl
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,13 +122,18 @@ class _QuietServer(http.server.ThreadingHTTPServer):
 
 
 class HttpServer:
-    """An HTTP server answering every GET with `body`, or with `body(client address)`.
-    Its socket lives in the namespace of the thread that makes it (ns.run_in_netns)."""
+    """An HTTP server answering every GET with `body`, or with `body(client address)`, and
+    recording the Host of each request; HTTPS with `tls`. Its socket lives in the namespace
+    of the thread that makes it (ns.run_in_netns)."""
 
     def __init__(self, port: int, body: bytes | Callable[[str], bytes],
-                 addr: str = "0.0.0.0") -> None:
+                 addr: str = "0.0.0.0", tls: ssl.SSLContext | None = None) -> None:
+        self.hosts: list[str] = []
+        hosts = self.hosts
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                hosts.append(self.headers.get("Host", ""))
                 data = body(self.client_address[0]) if callable(body) else body
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
@@ -136,6 +144,8 @@ class HttpServer:
                 pass
 
         self.server = _QuietServer((addr, port), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self._t = threading.Thread(target=self.server.serve_forever, daemon=True,
                                    kwargs={"poll_interval": 0.05})
         self._t.start()
@@ -217,3 +227,34 @@ def internet_namespace() -> Iterator[Internet]:
         yield inet
     finally:
         inet.close()
+
+
+class Dnsmasq:
+    """A DNS server (dnsmasq, in the namespace of the thread that makes it) answering
+    `records` (name -> address; a name also answers for every name below it) and nothing
+    else."""
+
+    def __init__(self, addr: str, records: dict[str, str], workdir: Path) -> None:
+        self.pidfile = workdir / "dnsmasq.pid"
+        args = ["dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
+                "--no-hosts", "--bind-interfaces", f"--listen-address={addr}", "--port=53",
+                f"--pid-file={self.pidfile}", "--user=root", "--log-facility=/dev/null",
+                *(f"--address=/{name}/{a}" for name, a in records.items())]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dnsmasq exited: {self.proc.stderr.read()!r}")  # type: ignore[union-attr]
+            with contextlib.suppress(OSError), socket.create_connection((addr, 53), 0.2):
+                return
+            time.sleep(0.05)
+        self.close()
+        raise RuntimeError("dnsmasq did not start listening")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -90,7 +90,7 @@ def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
 
 def _network_info(rec: SandboxRecord) -> NetworkInfo:
     e = rec.egress
-    info = NetworkInfo(allowOut=[str(n) for n in e.allow_out],
+    info = NetworkInfo(allowOut=[*map(str, e.allow_out), *e.domains],
                        denyOut=[str(n) for n in e.deny_out])  # fmt: skip
     if e.dns_servers is not None:  # set only then: the SDK reads a null as a list
         info.dnsServers = list(e.dns_servers)

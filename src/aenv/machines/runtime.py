@@ -52,6 +52,7 @@ from aenv.machines.machine import (
 from aenv.machines.pausing import Pausing
 from aenv.machines.pools import RecentPools, VmPool
 from aenv.network.egress import EgressPolicy, public_ranges
+from aenv.network.egress_proxy import EgressProxy
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
@@ -96,6 +97,7 @@ class Runtime(Pausing, Cloning, Adopting):
         )
         self._machines: dict[str, Machine] = {}
         self._public = public_ranges(cfg.network.public_ranges)  # egress: "internet" here
+        self.egress_proxy = EgressProxy()  # domains in allowOut (egress_proxy.py)
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
         self._pool: VmPool[tuple[object, ...]] = VmPool(
@@ -133,6 +135,7 @@ class Runtime(Pausing, Cloning, Adopting):
         except (TemplateMissing, SnapshotNotFound, SnapshotCorrupt):
             pass  # no default template yet (before `aenv setup`): no pool
         self.hot.start()
+        await self.egress_proxy.start()
         log.info("runtime ready: driver=%s accel=%s", self.driver.name, self.driver.accel())
 
     async def close(self) -> None:
@@ -143,6 +146,7 @@ class Runtime(Pausing, Cloning, Adopting):
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
         self._machines.clear()
         await self.slots.close_async()
+        await self.egress_proxy.close()
 
     async def settle_pool(self) -> None:
         """Wait for the pools' VMs in the making: the next restore of the default shape
@@ -290,17 +294,21 @@ class Runtime(Pausing, Cloning, Adopting):
         async with m.net_lock:
             if m.stopping:
                 return False
-            await asyncio.to_thread(set_egress, m.slot, policy, self.cfg.slot_network,
-                                    self._public, fresh=False)  # fmt: skip
+            await self._apply_egress(m.slot, policy, fresh=False)
         return True
+
+    async def _apply_egress(self, slot: Slot, policy: EgressPolicy, *, fresh: bool) -> None:
+        sets = await asyncio.to_thread(set_egress, slot, policy, self.cfg.slot_network,
+                                       self._public, fresh=fresh,
+                                       proxy=self.egress_proxy.ports)  # fmt: skip
+        self.egress_proxy.admit(slot.slot_addr, policy, sets)
 
     async def push_init(self, m: Machine, init: AgentInit) -> None:
         """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
         guest must answer its first request (fixed MACs make any slot look the same).
         First the sandbox's egress policy goes onto its slot (every start comes here)."""
         try:
-            await asyncio.to_thread(set_egress, m.slot, init.egress, self.cfg.slot_network,
-                                    self._public)  # fmt: skip
+            await self._apply_egress(m.slot, init.egress, fresh=True)
         except (OSError, RulesError) as e:
             raise BootError(f"applying the egress policy failed: {e}") from e
         body: dict[str, object] = {
@@ -352,6 +360,7 @@ class Runtime(Pausing, Cloning, Adopting):
         with contextlib.suppress(Exception):
             await m.vm.kill()
         async with m.net_lock:  # an egress update in flight ends first
+            self.egress_proxy.forget(m.slot.slot_addr)
             await self.slots.release_async(m.slot)
 
     async def _destroy(self, m: Machine) -> None:

@@ -1,7 +1,8 @@
 """Per-sandbox egress policy: which destinations a guest may start connections to.
 
-A create may name some with E2B's `network.allowOut` / `network.denyOut` (IPv4 addresses
-and CIDRs) and `allow_internet_access`; `PUT /sandboxes/{id}/network` replaces them on a
+A create may name some with E2B's `network.allowOut` (IPv4 addresses, CIDRs and domain
+names, `domains.py`) / `network.denyOut` (addresses and CIDRs) and
+`allow_internet_access`; `PUT /sandboxes/{id}/network` replaces them on a
 live sandbox. Every packet the guest sends, not only a connection's first, is judged in
 this order, so a rule that closes a destination also stops connections already open to it:
 
@@ -17,6 +18,12 @@ this order, so a rule that closes a destination also stops connections already o
 3. `allowOut` -> accepted (allow wins over deny, as in E2B);
 4. `denyOut` -> dropped;
 5. anything else (public destinations) -> accepted unless `allow_internet_access` is false.
+
+A domain in `allowOut` opens TCP 80 and 443 by name: what the order above would refuse on
+those ports goes to the node's egress proxy (`egress_proxy.py`), which lets a connection
+through only if its TLS SNI or HTTP Host matches an allowed domain, and then connects to
+what that name resolves to (never to the address the guest chose), checked against steps 1
+and 2 again. The policy's `dnsServers` (8.8.8.8 unless given) are then open on port 53.
 
 As in E2B, public destinations are open by default; `allow_internet_access: false` equals
 `denyOut: ["0.0.0.0/0"]`. A node with `network.internet_by_default = false` closes them
@@ -34,10 +41,14 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
+from aenv.network.domains import DomainError, parse_pattern
+
 Net = ipaddress.IPv4Network
 
 MAX_ENTRIES = 256  # per list: each is an nft set element, applied on every create
 MAX_DNS_SERVERS = 10  # E2B's bound
+DEFAULT_DNS = ("8.8.8.8",)  # E2B's, opened when allowOut holds a domain
+ALL = Net("0.0.0.0/0")
 
 NEVER = tuple(Net(n) for n in (
     "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
@@ -56,28 +67,45 @@ class EgressPolicyError(ValueError):
 
 
 def _net(text: str, what: str) -> Net:
+    net = _maybe_net(text, what)
+    if net is None:
+        raise EgressPolicyError(f"{what}: {text!r} is not an IPv4 address or CIDR")
+    return net
+
+
+def _maybe_net(text: str, what: str) -> Net | None:
     try:
         net = ipaddress.ip_network(text.strip(), strict=False)
     except ValueError:
-        raise EgressPolicyError(
-            f"{what}: {text!r} is not an IPv4 address or CIDR (domain names are not "
-            "supported yet)") from None
+        return None
     if not isinstance(net, Net):
         raise EgressPolicyError(f"{what}: {text!r} is IPv6; sandboxes have no IPv6")
     return net
 
 
-def _parse(entries: Iterable[object], key: str) -> tuple[Net, ...]:
+def _parse(entries: Iterable[object], key: str) -> tuple[tuple[Net, ...], tuple[str, ...]]:
+    """(addresses and CIDRs, domain patterns) of one list."""
     nets: list[Net] = []
+    domains: list[str] = []
     for e in entries:
         if not isinstance(e, str):
             raise EgressPolicyError(f"network.{key} entries must be strings, not {e!r}")
-        nets.append(_net(e, f"network.{key}"))
-    if len(nets) > MAX_ENTRIES:
+        net = _maybe_net(e, f"network.{key}")
+        if net is not None:
+            nets.append(net)
+            continue
+        try:
+            domains.append(parse_pattern(e))
+        except DomainError as err:
+            raise EgressPolicyError(f"network.{key}: {err}") from None
+        if key == "denyOut":
+            raise EgressPolicyError(f"network.denyOut: {e!r}: domains are allowed in allowOut "
+                                    "only (as in E2B); deny by CIDR")
+    if len(nets) + len(domains) > MAX_ENTRIES:
         raise EgressPolicyError(f"network.{key} holds more than {MAX_ENTRIES} entries")
     # Not collapsed here: a named private destination must stay apart from a wider entry
     # such as 0.0.0.0/0 (each set collapses on its own in compile_sets).
-    return tuple(sorted(set(nets)))
+    return tuple(sorted(set(nets))), tuple(sorted(set(domains)))
 
 
 @dataclass(frozen=True)
@@ -87,9 +115,10 @@ class EgressPolicy:
     allow_out: tuple[Net, ...] = ()
     deny_out: tuple[Net, ...] = ()
     internet: bool = False  # public destinations neither list names
-    # E2B's dnsServers: opened only for domain entries in allowOut, which aenv does not take
-    # yet, so they are kept and reported, nothing more. None: E2B's default (8.8.8.8).
+    # E2B's dnsServers: opened (port 53) only while allowOut holds a domain, and what the
+    # egress proxy resolves those domains with. None: E2B's default (8.8.8.8).
     dns_servers: tuple[str, ...] | None = None
+    domains: tuple[str, ...] = ()  # allowOut's domain patterns (domains.py)
 
     @classmethod
     def from_request(cls, internet: bool, allow_out: Sequence[object] = (),
@@ -97,16 +126,23 @@ class EgressPolicy:
                      ) -> EgressPolicy:  # fmt: skip
         """From an E2B create or update body, `internet` resolved against the node's default;
         raises EgressPolicyError on entries it cannot enforce."""
-        return cls(_parse(allow_out, "allowOut"), _parse(deny_out, "denyOut"),
-                   internet=bool(internet), dns_servers=_dns(dns_servers))
+        allow, domains = _parse(allow_out, "allowOut")
+        deny, _ = _parse(deny_out, "denyOut")
+        return cls(allow, deny, internet=bool(internet), dns_servers=_dns(dns_servers),
+                   domains=domains)
 
     @property
     def is_closed(self) -> bool:
         """Nothing is reachable: the slot's default state, nothing to apply."""
-        return not self.allow_out and not self.internet
+        return not self.allow_out and not self.internet and not self.domains
+
+    @property
+    def resolvers(self) -> tuple[str, ...]:
+        """The DNS servers that serve the domains (E2B's default unless named)."""
+        return DEFAULT_DNS if self.dns_servers is None else self.dns_servers
 
     def to_json(self) -> dict[str, object]:
-        d: dict[str, object] = {"allowOut": [str(n) for n in self.allow_out],
+        d: dict[str, object] = {"allowOut": [*map(str, self.allow_out), *self.domains],
                                 "denyOut": [str(n) for n in self.deny_out],
                                 "internet": self.internet}  # fmt: skip
         if self.dns_servers is not None:
@@ -168,6 +204,9 @@ class EgressSets:
     allow_out: tuple[Net, ...]
     deny_out: tuple[Net, ...]
     allow_default: tuple[Net, ...]
+    dns: tuple[Net, ...] = ()  # open on port 53 (the resolvers, while domains are allowed)
+    proxied: tuple[Net, ...] = ()  # 0.0.0.0/0 while domains are allowed: TCP 80/443 the
+    # order above refuses goes to the egress proxy instead
 
 
 def host_local_networks() -> list[Net]:
@@ -194,5 +233,16 @@ def compile_sets(policy: EgressPolicy, slot_network: str, host_local: Iterable[N
         special=special_ranges(public),
         allow_out=collapsed(n for n in policy.allow_out if n not in inside_special),
         deny_out=collapsed(policy.deny_out),
-        allow_default=(Net("0.0.0.0/0"),) if policy.internet else (),
+        allow_default=(ALL,) if policy.internet else (),
+        dns=collapsed(Net(a) for a in policy.resolvers) if policy.domains else (),
+        proxied=(ALL,) if policy.domains else (),
     )
+
+
+def refused_by_address(addr: ipaddress.IPv4Address, sets: EgressSets) -> bool:
+    """Steps 1 and 2 of the order for an address an allowed domain resolved to: never, or
+    special and not named."""
+    def within(nets: tuple[Net, ...]) -> bool:
+        return any(addr in n for n in nets)
+
+    return within(sets.never) or (within(sets.special) and not within(sets.allow_special))

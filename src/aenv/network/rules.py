@@ -26,7 +26,10 @@ from aenv.network.egress import EgressSets, Net
 
 TABLE = "aenv"
 # The sets a sandbox's egress policy fills, in the order guest_egress consults them.
-EGRESS_SETS = ("never", "allow_special", "special", "allow_out", "deny_out", "allow_default")
+EGRESS_SETS = ("never", "allow_special", "special", "allow_out", "deny_out", "allow_default",
+               "dns", "proxied")
+# Guest ports whose connections the egress proxy judges by name (domains.py): HTTP, TLS.
+PROXIED_PORTS = (80, 443)
 
 
 class RulesError(RuntimeError):
@@ -47,15 +50,36 @@ def slot_ruleset(slot_addr: str, host_addr: str) -> str:
     up, tap, g = NETNS_VETH, TAP_NAME, GUEST_ADDR
     sets = "\n".join(
         f"    set {name} {{ type ipv4_addr; flags interval; }}" for name in EGRESS_SETS)
+    ports = ", ".join(map(str, PROXIED_PORTS))
     return f"""\
 table inet {TABLE} {{
     counter guest_denied {{ }}
 {sets}
+    # The egress proxy's listening ports, by the guest port they stand for; filled with the
+    # other sets while the policy holds a domain.
+    map proxy_map {{ type inet_service : inet_service; }}
+    set proxy_ports {{ type inet_service; }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
         # The host -> slot address, any TCP port, lands on the same port in the guest. Only
         # from the host itself: were the host to forward (egress), nobody else gets in.
         iifname "{up}" ip saddr {host_addr} ip daddr {slot_addr} meta l4proto tcp dnat ip to {g}
+        # HTTP and TLS the address order would refuse go to the egress proxy (while the
+        # policy holds a domain), which judges them by name.
+        iifname "{tap}" ip saddr {g} tcp dport {{ {ports} }} jump proxy_pick
+    }}
+    chain proxy_pick {{
+        # guest_egress's order: what it accepts goes direct, what it refuses to the proxy.
+        ip daddr @never return
+        ip daddr @allow_special return
+        ip daddr @special goto proxy_to
+        ip daddr @allow_out return
+        ip daddr @deny_out goto proxy_to
+        ip daddr @allow_default return
+        goto proxy_to
+    }}
+    chain proxy_to {{
+        meta l4proto tcp ip daddr @proxied dnat ip to {host_addr} : tcp dport map @proxy_map
     }}
     chain postrouting {{
         type nat hook postrouting priority srcnat; policy accept;
@@ -70,6 +94,8 @@ table inet {TABLE} {{
         # open connections too), and so is the first of each connection the host starts.
         ct state established,related ct direction reply accept
         iifname "{up}" oifname "{tap}" ip daddr {GUEST_ADDR} ct status dnat accept
+        iifname "{tap}" oifname "{up}" ip saddr {g} ip daddr {host_addr} ct status dnat \
+            tcp dport @proxy_ports ip daddr @proxied accept
         iifname "{tap}" oifname "{up}" ip saddr {GUEST_ADDR} jump guest_egress
         # Anything else the guest sends is refused; counted, so denied egress is observable.
         # An open TCP connection gets a reset, so its process learns at once.
@@ -80,6 +106,7 @@ table inet {TABLE} {{
     chain guest_egress {{
         # `return` = back to forward's counted drop; see egress.py for the order.
         ip daddr @never return
+        ip daddr @dns meta l4proto {{ tcp, udp }} th dport 53 accept
         ip daddr @allow_special accept
         ip daddr @special return
         ip daddr @allow_out accept
@@ -103,16 +130,28 @@ table inet {TABLE} {{
 """
 
 
-def egress_commands(sets: EgressSets | None) -> str:
+def egress_commands(sets: EgressSets | None, proxy: tuple[int, ...] = ()) -> str:
     """One transaction that replaces the egress sets' contents (None: empty them all, the
-    closed state of a fresh slot)."""
+    closed state of a fresh slot). `proxy`: the egress proxy's ports, one per
+    PROXIED_PORTS entry (needed while `sets.proxied` is not empty)."""
     lines = [f"flush set inet {TABLE} {name}" for name in EGRESS_SETS]
+    lines += [f"flush map inet {TABLE} proxy_map", f"flush set inet {TABLE} proxy_ports"]
     if sets is not None:
         for name in EGRESS_SETS:
             nets: tuple[Net, ...] = getattr(sets, name)
             if nets:
                 lines.append(f"add element inet {TABLE} {name} {{ {_elements(nets)} }}")
+        if sets.proxied:
+            if len(proxy) != len(PROXIED_PORTS):
+                raise RulesError("the policy holds domains but no egress proxy runs")
+            pairs = ", ".join(f"{g} : {p}" for g, p in zip(PROXIED_PORTS, proxy, strict=True))
+            lines.append(f"add element inet {TABLE} proxy_map {{ {pairs} }}")
+            lines.append(f"add element inet {TABLE} proxy_ports {{ {_elements_p(proxy)} }}")
     return "\n".join(lines) + "\n"
+
+
+def _elements_p(ports: tuple[int, ...]) -> str:
+    return ", ".join(map(str, ports))
 
 
 class _LibNftables:

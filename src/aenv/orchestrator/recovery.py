@@ -73,6 +73,11 @@ async def recover(orch: Node) -> dict[str, int]:
         elif action == "adopt" and rec.sandbox_id in adopted:
             store.force_state(rec.sandbox_id, SandboxState.RUNNING, now)
             orch.routes.add(adopted[rec.sandbox_id], rec.access_token, rec.ingress)
+            if rec.egress.domains:  # the slot points at the last process's egress proxy
+                try:
+                    await orch.runtime.set_egress(rec.sandbox_id, rec.egress)
+                except Exception:
+                    log.exception("recovery.egress_failed sandbox_id=%s", rec.sandbox_id)
             counts["adopted"] += 1
             log_event(log, "recovery.adopted", sandbox_id=rec.sandbox_id, state=str(rec.state))
         elif action in ("adopt", "remove"):

@@ -27,7 +27,11 @@ Net = ipaddress.IPv4Network
 
 
 @pytest.mark.parametrize(("network", "text"), [
-    ({"allowOut": ["example.com"]}, "domain names are not supported"),
+    ({"allowOut": ["*"]}, "bare wildcard"),
+    ({"allowOut": ["ex ample.com"]}, "not an IPv4 address, a CIDR, a hostname"),
+    ({"allowOut": ["a.*.example.com"]}, "not an IPv4 address, a CIDR, a hostname"),
+    ({"allowOut": ["-a.example.com"]}, "not an IPv4 address, a CIDR, a hostname"),
+    ({"denyOut": ["example.com"]}, "domains are allowed in allowOut only"),
     ({"denyOut": ["2001:db8::/32"]}, "IPv6"),
     ({"allowOut": "10.0.0.1"}, "allowOut"),
     ({"allowOut": [1]}, "allowOut"),
@@ -62,6 +66,25 @@ async def test_policy_reaches_every_start_of_the_sandbox(
     r = await client.post(f"/sandboxes/{sid}/fork", json={"count": 1})
     kid = r.json()[0]["sandbox"]["sandboxID"]
     assert runtime.inits[kid].egress == want  # children inherit it
+
+
+async def test_domains_are_kept_normalised_reported_and_inherited(
+    client: httpx.AsyncClient, runtime: FakeRuntime
+) -> None:
+    sb = await create(client, network={
+        "allowOut": ["API.Example.com.", "*.example.org", "198.51.100.9"],
+        "denyOut": ["0.0.0.0/0"], "dnsServers": ["198.51.100.53"]})  # fmt: skip
+    sid = sb["sandboxID"]
+    egress = runtime.inits[sid].egress
+    assert egress.domains == ("*.example.org", "api.example.com")
+    assert egress.resolvers == ("198.51.100.53",)
+    net = (await client.get(f"/sandboxes/{sid}")).json()["network"]
+    assert net["allowOut"] == ["198.51.100.9/32", "*.example.org", "api.example.com"]
+    r = await client.post(f"/sandboxes/{sid}/fork", json={"count": 1})
+    kid = r.json()[0]["sandbox"]["sandboxID"]
+    assert runtime.inits[kid].egress == egress
+    # Without dnsServers, E2B's default resolver serves the domains.
+    assert EgressPolicy.from_request(False, ["example.com"]).resolvers == ("8.8.8.8",)
 
 
 async def test_public_destinations_are_open_by_default_as_in_e2b(
@@ -168,7 +191,8 @@ async def test_bad_updates_are_clear_errors_and_change_nothing(
 ) -> None:
     sid = (await create(client, allow_internet_access=False))["sandboxID"]
     for body, status, text in [
-        ({"allowOut": ["example.com"]}, 400, "domain names are not supported"),
+        ({"allowOut": ["*.*"]}, 400, "allowOut"),
+        ({"denyOut": ["*.example.com"]}, 400, "domains are allowed in allowOut only"),
         ({"denyOut": "8.8.8.8"}, 400, "denyOut"),
         ({"dnsServers": ["nope"]}, 400, "dnsServers"),
         ({"egressProxy": {"address": "p:1080"}}, 400, "network.egressProxy"),

@@ -16,6 +16,7 @@ from aenv.network.egress import (
     EgressPolicyError,
     compile_sets,
     public_ranges,
+    refused_by_address,
     special_ranges,
 )
 from aenv.network.rules import egress_commands, slot_ruleset
@@ -35,7 +36,8 @@ def test_default_and_false_are_closed() -> None:
 
 
 @pytest.mark.parametrize(("entry", "msg"), [
-    ("example.com", "not an IPv4 address or CIDR"),
+    ("exa_mple.com", "not an IPv4 address, a CIDR, a hostname"),
+    ("*", "bare wildcard"),
     ("2001:db8::/32", "IPv6"),
     ("10.0.0.0/33", "not an IPv4"),
     (7, "must be strings"),
@@ -45,6 +47,38 @@ def test_entries_it_cannot_enforce_are_refused(entry: object, msg: str) -> None:
         EgressPolicy.from_request(None, [entry])
     with pytest.raises(EgressPolicyError, match=msg):
         EgressPolicy.from_request(None, deny_out=[entry])
+
+
+def test_domains_are_refused_in_deny_out_as_in_e2b() -> None:
+    with pytest.raises(EgressPolicyError, match="denyOut: 'example.com': domains are allowed"):
+        EgressPolicy.from_request(True, deny_out=["example.com"])
+
+
+def test_domains_open_dns_and_the_proxy_and_nothing_else() -> None:
+    plain = compile_sets(EgressPolicy.from_request(False, ["198.51.100.1"]), "198.18.0.0/16",
+                         HOST)  # fmt: skip
+    assert (plain.dns, plain.proxied) == ((), ())
+    p = EgressPolicy.from_request(False, ["Example.COM", "*.example.org"], ["0.0.0.0/0"],
+                                  dns_servers=["198.51.100.53"])  # fmt: skip
+    assert p.domains == ("*.example.org", "example.com") and p.allow_out == ()
+    assert not p.is_closed  # a domain alone opens something: the slot must be configured
+    sets = compile_sets(p, "198.18.0.0/16", HOST)
+    assert sets.dns == (Net("198.51.100.53/32"),)
+    assert sets.proxied == (Net("0.0.0.0/0"),)
+    assert sets.allow_out == () and sets.allow_default == ()
+    assert EgressPolicy.from_json(p.to_json()) == p
+    assert p.to_json()["allowOut"] == ["*.example.org", "example.com"]
+
+
+def test_an_allowed_name_may_not_resolve_into_closed_ranges() -> None:
+    p = EgressPolicy.from_request(False, ["example.com", "10.9.0.0/16"])
+    sets = compile_sets(p, "198.18.0.0/16", HOST, public=[Net("198.19.0.0/16")])
+    refused = {a: refused_by_address(ipaddress.IPv4Address(a), sets) for a in (
+        "93.184.216.34", "127.0.0.1", "169.254.169.254", "10.1.1.1", "10.9.0.5",
+        "198.18.0.1", "198.19.200.2", "192.168.1.1")}
+    assert refused == {"93.184.216.34": False, "127.0.0.1": True, "169.254.169.254": True,
+                       "10.1.1.1": True, "10.9.0.5": False, "198.18.0.1": True,
+                       "198.19.200.2": False, "192.168.1.1": True}  # fmt: skip
 
 
 def test_entries_are_normalised_and_round_trip() -> None:

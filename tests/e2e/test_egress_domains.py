@@ -1,0 +1,166 @@
+"""Domain names in `allowOut`, with real VMs and the unmodified SDK: the egress proxy lets
+HTTP (Host) and HTTPS (SNI) through by name, wildcards included, and refuses the rest, a
+direct-IP bypass and a name that resolves into a private range included.
+
+The test internet (tests/support/internet.py) holds a DNS server (dnsmasq) answering for
+`*.aenv.test`, and HTTP and HTTPS servers (a certificate of a test CA) on ports 80 and 443
+that record the Host of every request. The guest's `resolv.conf` points at that DNS server,
+which the policy names as its `dnsServers`."""
+
+from __future__ import annotations
+
+import re
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from aenv.network import netns as ns
+from tests.support import census
+from tests.support.internet import (
+    Dnsmasq,
+    HttpServer,
+    Internet,
+    internet_namespace,
+    slots_forwarding,
+)
+from tests.support.tls import make_certs
+
+from .conftest import NodeProcess, running_node
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+BODY = b"hello by name\n"
+DOMAIN = "aenv.test"
+
+
+@dataclass
+class Web:
+    inet: Internet
+    http: HttpServer
+    https: HttpServer
+    ca: str  # PEM
+
+    def hosts(self) -> list[str]:
+        """Host headers both servers saw since the last call."""
+        got = self.http.hosts + self.https.hosts
+        self.http.hosts.clear()
+        self.https.hosts.clear()
+        return got
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
+    tmp = tmp_path_factory.mktemp("web")
+    certs = make_certs(tmp, DOMAIN)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(certs.cert, certs.key)
+    with internet_namespace() as inet:
+        path = ns.netns_path(inet.name)
+        records = {DOMAIN: inet.addr, f"private.w.{DOMAIN}": "10.20.30.40"}
+        dns = ns.run_in_netns(path, Dnsmasq, inet.addr, records, tmp)
+        http = ns.run_in_netns(path, HttpServer, 80, BODY, inet.addr)
+        https = ns.run_in_netns(path, HttpServer, 443, BODY, inet.addr, tls)
+        try:
+            yield Web(inet, http, https, certs.ca.read_text())
+        finally:
+            for s in (http, https, dns):
+                s.close()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, web: Web) -> Iterator[NodeProcess]:
+    instance = census.new_instance()
+    try:
+        with running_node(tmp_path_factory.mktemp("node"), AENV_INSTANCE=instance,
+                          AENV_WARM_POOL_SIZE="0", AENV_SLOT_NETWORK="198.18.0.0/16",
+                          AENV_NETWORK_PUBLIC_RANGES="198.19.0.0/16") as n, \
+                slots_forwarding(instance):  # fmt: skip
+            yield n
+    finally:
+        census.release(instance)
+
+
+def _sandbox(web: Web, allow: list[str]) -> Sandbox:
+    sbx = Sandbox.create(timeout=120, network={
+        "allow_out": allow, "deny_out": ["0.0.0.0/0"], "dns_servers": [web.inet.addr]})
+    sbx.files.write("/etc/resolv.conf", f"nameserver {web.inet.addr}\n", user="root")
+    sbx.files.write("/tmp/ca.pem", web.ca)
+    return sbx
+
+
+def _outcomes(node: NodeProcess) -> dict[str, float]:
+    text = httpx.get(node.origin + "/metrics", timeout=10).text
+    pat = r'^aenv_egress_proxy_connections_total\{outcome="(\w+)"\} (\S+)$'
+    return {m[1]: float(m[2]) for m in re.finditer(pat, text, re.M)}
+
+
+def _curl(sbx: Sandbox, url: str, *extra: str) -> str:
+    """The body, or `failed <curl's exit code>`."""
+    args = " ".join(extra)
+    r = sbx.commands.run(f"curl -sS --cacert /tmp/ca.pem --connect-timeout 3 --max-time 6 "
+                         f"{args} {url} 2>/dev/null || echo failed $?")  # fmt: skip
+    return r.stdout
+
+
+def test_allowed_names_pass_over_http_and_https_and_others_are_refused(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    sbx = _sandbox(web, [f"api.{DOMAIN}", f"*.w.{DOMAIN}"])
+    try:
+        web.hosts()
+        for url in (f"https://api.{DOMAIN}/", f"http://api.{DOMAIN}/",
+                    f"https://a.w.{DOMAIN}/", f"http://b.c.w.{DOMAIN}:80/"):  # fmt: skip
+            # -k for a.w: the test certificate's wildcard covers one label below aenv.test.
+            assert _curl(sbx, url, "-k" if "a.w" in url else "") == BODY.decode(), url
+        assert web.hosts() == [f"api.{DOMAIN}", f"b.c.w.{DOMAIN}", f"api.{DOMAIN}",
+                               f"a.w.{DOMAIN}"]  # fmt: skip  (http first, then https)
+
+        before = _outcomes(node)
+        refused = {
+            # Not listed; the wildcard's apex; another name on the same address.
+            "other": _curl(sbx, f"https://other.{DOMAIN}/"),
+            "apex": _curl(sbx, f"https://w.{DOMAIN}/"),
+            "http_other": _curl(sbx, f"http://x.{DOMAIN}/"),
+            # Straight at the server's address: no SNI, or a Host that is not allowed.
+            "ip_tls": _curl(sbx, f"https://{web.inet.addr}/", "-k"),
+            "ip_http": _curl(sbx, f"http://{web.inet.addr}/"),
+            # An allowed name whose DNS answer is a private address.
+            "private": _curl(sbx, f"http://private.w.{DOMAIN}/"),
+            # The proxy judges ports 80 and 443 only: any other port stays closed by CIDR.
+            "other_port": _curl(sbx, f"http://api.{DOMAIN}:8080/"),
+        }
+        assert all(v.startswith("failed") for v in refused.values()), refused
+        assert web.hosts() == []  # nothing refused reached a server
+        # Each refused by the proxy for its own reason (the other port never reached it).
+        grew = {k: v - before.get(k, 0) for k, v in _outcomes(node).items()}
+        assert {k: v for k, v in grew.items() if v} == {"not_allowed": 5,
+                                                         "address_refused": 1}, grew
+
+        # An allowed SNI aimed at another address still reaches the name's own address.
+        out = _curl(sbx, f"https://api.{DOMAIN}/", "--resolve", f"api.{DOMAIN}:443:1.2.3.4")
+        assert out == BODY.decode()
+        assert web.hosts() == [f"api.{DOMAIN}"]
+    finally:
+        sbx.kill()
+
+
+def test_a_live_update_takes_names_away_and_gives_them_back(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    sbx = _sandbox(web, [f"api.{DOMAIN}"])
+    try:
+        assert _curl(sbx, f"https://api.{DOMAIN}/") == BODY.decode()
+        sbx.update_network({"allow_out": [f"*.{DOMAIN}"], "deny_out": ["0.0.0.0/0"],
+                            "dns_servers": [web.inet.addr]})  # fmt: skip
+        assert _curl(sbx, f"https://other.{DOMAIN}/") == BODY.decode()
+        info = sbx.get_info()
+        assert info.network is not None and info.network["allow_out"] == [f"*.{DOMAIN}"]
+        sbx.update_network({"deny_out": ["0.0.0.0/0"]})  # no domain: the proxy lets go
+        assert _curl(sbx, f"https://other.{DOMAIN}/").startswith("failed")
+        sbx.pause()
+        sbx.connect()
+        assert _curl(sbx, f"https://other.{DOMAIN}/").startswith("failed")
+    finally:
+        sbx.kill()
