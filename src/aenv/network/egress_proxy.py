@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import ipaddress
 import logging
+import os
 import socket
+import struct
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 
 import dns.asyncresolver
@@ -46,7 +50,7 @@ CONNECTIONS = Counter("aenv_egress_proxy_connections_total",
 FIRST_BYTES_TIMEOUT_S = 10.0  # a guest that connects and says nothing holds nothing long
 RESOLVE_TIMEOUT_S = 3.0
 CONNECT_TIMEOUT_S = 10.0
-CHUNK = 256 * 1024
+PIPE_SIZE = 1 << 20  # per direction: what one splice moves at most
 
 
 @dataclass
@@ -54,7 +58,7 @@ class _Tenant:
     domains: tuple[str, ...]
     sets: EgressSets
     resolver: dns.asyncresolver.Resolver
-    conns: dict[asyncio.Task[None], str] = field(default_factory=dict)  # relay -> name
+    conns: dict[asyncio.Task[None], str] = field(default_factory=dict)  # open, by name
 
 
 def _resolver(servers: tuple[str, ...]) -> dns.asyncresolver.Resolver:
@@ -77,31 +81,33 @@ class EgressProxy:
     def __init__(self, host: str = "0.0.0.0") -> None:
         # Bound on every host address, yet it serves only slots it was told of (admit).
         self._host = host
-        self._servers: list[asyncio.Server] = []
+        self._listeners: list[socket.socket] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # accept loops and connections
         self._tenants: dict[str, _Tenant] = {}
 
     @property
     def ports(self) -> tuple[int, ...]:
         """The listening port for each guest port of rules.PROXIED_PORTS; () until started."""
-        return tuple(s.sockets[0].getsockname()[1] for s in self._servers)
+        return tuple(s.getsockname()[1] for s in self._listeners)
 
     async def start(self) -> None:
         for guest_port in PROXIED_PORTS:
-            async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter,
-                            port: int = guest_port) -> None:  # fmt: skip
-                await self._serve(r, w, port)
-
-            self._servers.append(await asyncio.start_server(serve, self._host, 0))
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self._host, 0))
+            sock.listen(1024)
+            self._listeners.append(sock)
+            self._spawn(self._accept(sock, guest_port))
 
     async def close(self) -> None:
-        for s in self._servers:
-            s.close()
         for t in list(self._tenants):
             self.forget(t)
-        for s in self._servers:
-            with contextlib.suppress(Exception):
-                await s.wait_closed()
-        self._servers.clear()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for sock in self._listeners:
+            sock.close()
+        self._listeners.clear()
 
     def admit(self, slot_addr: str, policy: EgressPolicy, sets: EgressSets | None) -> None:
         """The policy now on the slot at `slot_addr`: its domains are served from now on,
@@ -126,119 +132,217 @@ class EgressProxy:
             for task in t.conns:
                 task.cancel()
 
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        t = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, listener: socket.socket, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(listener)
+            except OSError as e:  # EMFILE and the like: the listener itself stays
+                log.warning("egress proxy: accept: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            self._spawn(self._serve(conn, peer[0], port))
+
     # --- one connection ------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     port: int) -> None:  # fmt: skip
-        peer = writer.get_extra_info("peername")[0]
-        local = writer.get_extra_info("sockname")[0]
+    async def _serve(self, conn: socket.socket, peer: str, port: int) -> None:
+        relayed = False
+        try:
+            relayed = await self._relay_if_allowed(conn, peer, port)
+        finally:
+            if not relayed:
+                _reset(conn)
+
+    async def _relay_if_allowed(self, conn: socket.socket, peer: str, port: int) -> bool:
+        """Judge the connection and relay it if allowed (True: it was, and is closed now)."""
+        local = conn.getsockname()[0]
         tenant = self._tenants.get(peer) if _is_own_peer(local, peer) else None
         if tenant is None:
-            return self._refuse(writer, "no_tenant")
+            return _refused("no_tenant")
         try:
-            head, name = await asyncio.wait_for(self._first_bytes(reader, port),
-                                                FIRST_BYTES_TIMEOUT_S)  # fmt: skip
-        except (TimeoutError, ConnectionError):
-            return self._refuse(writer, "no_name")
+            head, name = await asyncio.wait_for(_first_bytes(conn, port), FIRST_BYTES_TIMEOUT_S)
+        except (TimeoutError, OSError):
+            return _refused("no_name")
         if name is None or not matches(name, tenant.domains):
             log.debug("egress proxy: %s refused %s:%d", peer, name, port)
-            return self._refuse(writer, "not_allowed")
-        addrs = await self._resolve(tenant, name)
+            return _refused("not_allowed")
+        addrs = await _resolve(tenant, name)
         allowed = [a for a in addrs if not refused_by_address(a, tenant.sets)]
         if not allowed:
-            return self._refuse(writer, "unresolved" if not addrs else "address_refused")
-        upstream = await self._connect(allowed, port)
-        if upstream is None:
-            return self._refuse(writer, "connect_failed")
+            return _refused("unresolved" if not addrs else "address_refused")
+        up = await _connect(allowed, port)
+        if up is None:
+            return _refused("connect_failed")
         task = asyncio.current_task()
         assert task is not None
         if self._tenants.get(peer) is not tenant or not matches(name, tenant.domains):
-            upstream[1].transport.abort()  # an update took it away meanwhile
-            return self._refuse(writer, "not_allowed")
+            _reset(up)  # an update took it away meanwhile
+            return _refused("not_allowed")
         tenant.conns[task] = name
         CONNECTIONS.labels("relayed").inc()
-        up_r, up_w = upstream
-        _nodelay(writer)
         try:
-            up_w.write(head)
-            await _relay(reader, writer, up_r, up_w)
-        except asyncio.CancelledError:
-            writer.transport.abort()  # the policy closed it: the guest sees a reset
-            up_w.transport.abort()
-        except OSError:
-            writer.transport.abort()
-            up_w.transport.abort()
+            await asyncio.get_running_loop().sock_sendall(up, head)
+            await _relay(conn, up)
+        except (asyncio.CancelledError, OSError):
+            # The policy closed it, or one side failed: both see a reset.
+            _reset(up)
+            _reset(conn)
+            return True
         finally:
             tenant.conns.pop(task, None)
-            for w in (writer, up_w):
-                w.close()
-
-    @staticmethod
-    async def _first_bytes(reader: asyncio.StreamReader, port: int) -> tuple[bytes, str | None]:
-        parse, limit = (tls_sni, MAX_HELLO) if port == 443 else (http_host, MAX_HEAD)
-        head = b""
-        while True:
-            chunk = await reader.read(4096)
-            if not chunk:
-                return head, None
-            head += chunk
-            try:
-                return head, parse(head)
-            except NeedMore:
-                if len(head) >= limit:
-                    return head, None
-
-    @staticmethod
-    async def _resolve(tenant: _Tenant, name: str) -> list[ipaddress.IPv4Address]:
-        try:
-            answer = await tenant.resolver.resolve(name, "A")
-        except (dns.exception.DNSException, OSError):
-            return []
-        return [ipaddress.IPv4Address(r.address) for r in answer]
-
-    @staticmethod
-    async def _connect(addrs: list[ipaddress.IPv4Address], port: int
-                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:  # fmt: skip
-        for a in addrs:
-            try:
-                r, w = await asyncio.wait_for(asyncio.open_connection(str(a), port),
-                                              CONNECT_TIMEOUT_S)  # fmt: skip
-            except (OSError, TimeoutError):
-                continue
-            _nodelay(w)
-            return r, w
-        return None
-
-    @staticmethod
-    def _refuse(writer: asyncio.StreamWriter, outcome: str) -> None:
-        CONNECTIONS.labels(outcome).inc()
-        writer.transport.abort()  # RST, not FIN: the guest must not take it for an answer
+        up.close()
+        conn.close()
+        return True
 
 
-def _nodelay(w: asyncio.StreamWriter) -> None:
+def _refused(outcome: str) -> bool:
+    CONNECTIONS.labels(outcome).inc()
+    return False
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST, not FIN: a refused guest must not take it for an answer."""
     with contextlib.suppress(OSError):
-        w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
 
 
-async def _relay(a_r: asyncio.StreamReader, a_w: asyncio.StreamWriter,
-                 b_r: asyncio.StreamReader, b_w: asyncio.StreamWriter) -> None:  # fmt: skip
-    """Both directions until both ended; the first error ends the other too."""
-    tasks = {asyncio.ensure_future(_pipe(a_r, b_w)), asyncio.ensure_future(_pipe(b_r, a_w))}
+async def _first_bytes(conn: socket.socket, port: int) -> tuple[bytes, str | None]:
+    loop = asyncio.get_running_loop()
+    parse, limit = (tls_sni, MAX_HELLO) if port == 443 else (http_host, MAX_HEAD)
+    head = b""
+    while True:
+        chunk = await loop.sock_recv(conn, 4096)
+        if not chunk:
+            return head, None
+        head += chunk
+        try:
+            return head, parse(head)
+        except NeedMore:
+            if len(head) >= limit:
+                return head, None
+
+
+async def _resolve(tenant: _Tenant, name: str) -> list[ipaddress.IPv4Address]:
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for t in done:
-            t.result()  # raises the first error
+        answer = await tenant.resolver.resolve(name, "A")
+    except (dns.exception.DNSException, OSError):
+        return []
+    return [ipaddress.IPv4Address(r.address) for r in answer]
+
+
+async def _connect(addrs: list[ipaddress.IPv4Address], port: int) -> socket.socket | None:
+    loop = asyncio.get_running_loop()
+    for a in addrs:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        try:
+            await asyncio.wait_for(loop.sock_connect(s, (str(a), port)), CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            s.close()
+            continue
+        return s
+    return None
+
+
+async def _relay(a: socket.socket, b: socket.socket) -> None:
+    """Both directions until both ended; the first error ends the other too."""
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    ended = 0
+
+    def on_end(err: OSError | None) -> None:
+        nonlocal ended
+        if done.done():
+            return
+        if err is not None:
+            done.set_exception(err)
+            return
+        ended += 1
+        if ended == 2:
+            done.set_result(None)
+
+    pumps = [_Pump(loop, a, b, on_end), _Pump(loop, b, a, on_end)]
+    try:
+        await done
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for p in pumps:
+            p.stop()
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    """Copy until EOF, then pass the half-close on."""
-    while data := await src.read(CHUNK):
-        dst.write(data)
-        await dst.drain()
-    if dst.can_write_eof():
+_F_SETPIPE_SZ = 1031
+_SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+
+
+class _Pump:
+    """src -> dst through a pipe with splice(2), driven by the loop's readiness callbacks
+    (no task, no future per wake: the hop adds as little latency as it can). The bytes
+    never enter this process; the proxy never reads past the name anyway. At EOF the
+    half-close is passed on; `on_end` hears of the EOF (None) or the error."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, src: socket.socket,
+                 dst: socket.socket, on_end: Callable[[OSError | None], None]) -> None:  # fmt: skip
+        self.loop, self.src, self.dst, self.on_end = loop, src.fileno(), dst.fileno(), on_end
+        self.dst_sock = dst
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(OSError):
-            dst.write_eof()
+            fcntl.fcntl(self.w, _F_SETPIPE_SZ, PIPE_SIZE)
+        self.queued = 0  # bytes in the pipe not yet written to dst
+        self.waiting: str | None = None
+        self._watch_src()
+
+    def _watch_src(self) -> None:
+        self.waiting = "src"
+        self.loop.add_reader(self.src, self._run)
+
+    def _watch_dst(self) -> None:
+        self.waiting = "dst"
+        self.loop.add_writer(self.dst, self._run)
+
+    def _unwatch(self) -> None:
+        if self.waiting == "src":
+            self.loop.remove_reader(self.src)
+        elif self.waiting == "dst":
+            self.loop.remove_writer(self.dst)
+        self.waiting = None
+
+    def _run(self) -> None:
+        try:
+            while True:
+                while self.queued:
+                    try:
+                        self.queued -= os.splice(self.r, self.dst, self.queued, flags=_SPLICE)
+                    except BlockingIOError:
+                        if self.waiting != "dst":
+                            self._unwatch()
+                            self._watch_dst()
+                        return
+                try:
+                    n = os.splice(self.src, self.w, PIPE_SIZE, flags=_SPLICE)
+                except BlockingIOError:
+                    if self.waiting != "src":
+                        self._unwatch()
+                        self._watch_src()
+                    return
+                if n == 0:
+                    self._unwatch()
+                    with contextlib.suppress(OSError):
+                        self.dst_sock.shutdown(socket.SHUT_WR)
+                    self.on_end(None)
+                    return
+                self.queued = n
+        except OSError as e:
+            self._unwatch()
+            self.on_end(e)
+
+    def stop(self) -> None:
+        self._unwatch()
+        for fd in (self.r, self.w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
