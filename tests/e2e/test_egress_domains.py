@@ -4,8 +4,9 @@ direct-IP bypass and a name that resolves into a private range included.
 
 The test internet (tests/support/internet.py) holds a DNS server (dnsmasq) answering for
 `*.aenv.test`, and HTTP and HTTPS servers (a certificate of a test CA) on ports 80 and 443
-that record the Host of every request. The guest's `resolv.conf` points at that DNS server,
-which the policy names as its `dnsServers`."""
+that record the Host of every request. The policy names that DNS server as its
+`dnsServers`; the guest's `resolv.conf` is left as aenv makes it (its gateway, which the
+slot forwards to the policy's first DNS server)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,6 @@ def node(tmp_path_factory: pytest.TempPathFactory, web: Web) -> Iterator[NodePro
 def _sandbox(web: Web, allow: list[str]) -> Sandbox:
     sbx = Sandbox.create(timeout=120, network={
         "allow_out": allow, "deny_out": ["0.0.0.0/0"], "dns_servers": [web.inet.addr]})
-    sbx.files.write("/etc/resolv.conf", f"nameserver {web.inet.addr}\n", user="root")
     sbx.files.write("/tmp/ca.pem", web.ca)
     return sbx
 
@@ -164,3 +164,18 @@ def test_a_live_update_takes_names_away_and_gives_them_back(
         assert _curl(sbx, f"https://other.{DOMAIN}/").startswith("failed")
     finally:
         sbx.kill()
+
+
+def test_the_guest_resolver_is_the_policys_first_dns_server_under_the_same_rules(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    lookup = f"timeout 3 getent hosts api.{DOMAIN} || echo failed"
+    opened = Sandbox.create(timeout=60, network={"dns_servers": [web.inet.addr]})
+    closed = Sandbox.create(timeout=60, allow_internet_access=False,
+                            network={"dns_servers": [web.inet.addr]})  # fmt: skip
+    try:
+        assert opened.commands.run("cat /etc/resolv.conf").stdout == "nameserver 169.254.0.22\n"
+        assert opened.commands.run(lookup).stdout.split()[0] == web.inet.addr
+        assert closed.commands.run(lookup).stdout.strip() == "failed"
+    finally:
+        opened.kill()
+        closed.kill()

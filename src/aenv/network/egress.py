@@ -207,6 +207,7 @@ class EgressSets:
     dns: tuple[Net, ...] = ()  # open on port 53 (the resolvers, while domains are allowed)
     proxied: tuple[Net, ...] = ()  # 0.0.0.0/0 while domains are allowed: TCP 80/443 the
     # order above refuses goes to the egress proxy instead
+    resolver: str = ""  # where the guest's DNS queries to its gateway go (judged as usual)
 
 
 def host_local_networks() -> list[Net]:
@@ -236,6 +237,7 @@ def compile_sets(policy: EgressPolicy, slot_network: str, host_local: Iterable[N
         allow_default=(ALL,) if policy.internet else (),
         dns=collapsed(Net(a) for a in policy.resolvers) if policy.domains else (),
         proxied=(ALL,) if policy.domains else (),
+        resolver=policy.resolvers[0] if policy.resolvers else "",
     )
 
 

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import threading
 
-from aenv.network.addressing import GUEST_ADDR, NETNS_VETH, TAP_NAME
+from aenv.network.addressing import GATEWAY_ADDR, GUEST_ADDR, NETNS_VETH, TAP_NAME
 from aenv.network.egress import EgressSets, Net
 
 TABLE = "aenv"
@@ -58,6 +58,9 @@ table inet {TABLE} {{
     # The egress proxy's listening ports, by the guest port they stand for; filled with the
     # other sets while the policy holds a domain.
     map proxy_map {{ type inet_service : inet_service; }}
+    # The guest's resolver (its resolv.conf names its gateway) -> the policy's first DNS
+    # server; empty while the slot is closed.
+    map dns_map {{ type ipv4_addr : ipv4_addr; }}
     set proxy_ports {{ type inet_service; }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
@@ -67,6 +70,8 @@ table inet {TABLE} {{
         # HTTP and TLS the address order would refuse go to the egress proxy (while the
         # policy holds a domain), which judges them by name.
         iifname "{tap}" ip saddr {g} tcp dport {{ {ports} }} jump proxy_pick
+        iifname "{tap}" ip saddr {g} ip daddr {GATEWAY_ADDR} meta l4proto {{ tcp, udp }} \
+            th dport 53 dnat ip to ip daddr map @dns_map
     }}
     chain proxy_pick {{
         # guest_egress's order: what it accepts goes direct, what it refuses to the proxy.
@@ -135,8 +140,11 @@ def egress_commands(sets: EgressSets | None, proxy: tuple[int, ...] = ()) -> str
     closed state of a fresh slot). `proxy`: the egress proxy's ports, one per
     PROXIED_PORTS entry (needed while `sets.proxied` is not empty)."""
     lines = [f"flush set inet {TABLE} {name}" for name in EGRESS_SETS]
-    lines += [f"flush map inet {TABLE} proxy_map", f"flush set inet {TABLE} proxy_ports"]
+    lines += [f"flush map inet {TABLE} {m}" for m in ("proxy_map", "dns_map")]
+    lines.append(f"flush set inet {TABLE} proxy_ports")
     if sets is not None:
+        if sets.resolver:
+            lines.append(f"add element inet {TABLE} dns_map {{ {GATEWAY_ADDR} : {sets.resolver} }}")
         for name in EGRESS_SETS:
             nets: tuple[Net, ...] = getattr(sets, name)
             if nets:
