@@ -15,15 +15,13 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.template.types import BuildInfo
 
-from aenv.network import netns as ns
 from tests.support import census
 from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
 from tests.support.internet import (
-    HttpServer,
     Internet,
     free_port,
-    internet_namespace,
+    internet_with_http,
     slots_forwarding,
 )
 from tests.support.registry import Seeded, have_tools, seeded_registry
@@ -46,13 +44,8 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
 
 @pytest.fixture(scope="module")
 def inet() -> Iterator[tuple[Internet, int]]:
-    with internet_namespace() as inet:
-        port = free_port()
-        server = ns.run_in_netns(ns.netns_path(inet.name), HttpServer, port, BODY)
-        try:
-            yield inet, port
-        finally:
-            server.close()
+    with internet_with_http(BODY) as got:
+        yield got
 
 
 def _node(tmp: Path, name: str, instance: str, inet: Internet) -> NodeProcess:

@@ -17,13 +17,11 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox
 
-from aenv.network import netns as ns
 from tests.support import census
 from tests.support.internet import (
-    HttpServer,
     Internet,
     free_port,
-    internet_namespace,
+    internet_with_http,
     slots_forwarding,
 )
 
@@ -36,13 +34,8 @@ BODY = b"hello from the test internet\n"
 
 @pytest.fixture(scope="module")
 def inet() -> Iterator[tuple[Internet, int]]:
-    with internet_namespace() as inet:
-        port = free_port()
-        server = ns.run_in_netns(ns.netns_path(inet.name), HttpServer, port, BODY)
-        try:
-            yield inet, port
-        finally:
-            server.close()
+    with internet_with_http(BODY) as got:
+        yield got
 
 
 @pytest.fixture(scope="module")

@@ -258,3 +258,16 @@ class Dnsmasq:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextlib.contextmanager
+def internet_with_http(body: bytes) -> Iterator[tuple[Internet, int]]:
+    """The test internet with an HTTP server answering `body` on a free port of its
+    address: (the namespace, the port)."""
+    with internet_namespace() as inet:
+        port = free_port()
+        server = ns.run_in_netns(ns.netns_path(inet.name), HttpServer, port, body)
+        try:
+            yield inet, port
+        finally:
+            server.close()

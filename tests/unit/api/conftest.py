@@ -5,6 +5,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2b.api.client.client import AuthenticatedClient
 
 from aenv.api.app import Node
 from aenv.config import Config
@@ -48,3 +49,14 @@ async def client(node: Node) -> AsyncIterator[httpx.AsyncClient]:
         headers={"X-API-Key": KEY},
     ) as c:  # fmt: skip
         yield c
+
+
+@pytest.fixture
+def sdk(node: Node) -> AuthenticatedClient:
+    """The E2B SDK's own generated API client, on the in-process node."""
+    c = AuthenticatedClient(base_url="http://aenv", token=KEY, prefix="",
+                            auth_header_name="X-API-Key")  # fmt: skip
+    c.set_async_httpx_client(httpx.AsyncClient(transport=httpx.ASGITransport(app=node),
+                                               base_url="http://aenv",
+                                               headers={"X-API-Key": KEY}))  # fmt: skip
+    return c

@@ -133,15 +133,6 @@ async def test_policy_survives_a_node_restart(tmp_path: Path) -> None:
         await node.close()
 
 
-@pytest.fixture
-def sdk(node: Node) -> AuthenticatedClient:
-    c = AuthenticatedClient(base_url="http://aenv", token=KEY, prefix="",
-                            auth_header_name="X-API-Key")  # fmt: skip
-    c.set_async_httpx_client(httpx.AsyncClient(transport=httpx.ASGITransport(app=node),
-                                               base_url="http://aenv",
-                                               headers={"X-API-Key": KEY}))  # fmt: skip
-    return c
-
 
 async def _update(sdk: AuthenticatedClient, sid: str, **body: object) -> Response[object]:
     return await put_sandboxes_sandbox_id_network.asyncio_detailed(

@@ -8,7 +8,6 @@ import datetime
 import time
 
 import httpx
-import pytest
 from e2b.api.client.api.sandboxes import (
     get_sandboxes_sandbox_id_logs,
     get_v_2_sandboxes_sandbox_id_logs,
@@ -16,10 +15,8 @@ from e2b.api.client.api.sandboxes import (
 from e2b.api.client.client import AuthenticatedClient
 from e2b.api.client.models import LogLevel, LogsDirection, SandboxLogs, SandboxLogsV2Response
 
-from aenv.api.app import Node
 from aenv.orchestrator import sandbox_logs
 
-from .conftest import KEY
 from .test_control_plane import assert_error, create
 
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -30,15 +27,6 @@ def _ms(stamp: datetime.datetime) -> int:
     """Exact unix milliseconds (a float product can round down by one)."""
     return (stamp - EPOCH) // MS
 
-
-@pytest.fixture
-async def sdk(node: Node) -> AuthenticatedClient:
-    c = AuthenticatedClient(base_url="http://aenv", token=KEY, prefix="",
-                            auth_header_name="X-API-Key")  # fmt: skip
-    c.set_async_httpx_client(httpx.AsyncClient(transport=httpx.ASGITransport(app=node),
-                                               base_url="http://aenv",
-                                               headers={"X-API-Key": KEY}))  # fmt: skip
-    return c
 
 
 async def test_a_sandbox_log_tells_what_happened_to_it(
