@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 BODY = b"hello by name\n"
 DOMAIN = "aenv.test"
+SBX_DOMAIN = f"sbx.{DOMAIN}"  # the node's sandbox URLs: <port>-<id>.sbx.aenv.test
 
 
 @dataclass
@@ -61,7 +62,10 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
     tls.load_cert_chain(certs.cert, certs.key)
     with internet_namespace() as inet:
         path = ns.netns_path(inet.name)
-        records = {DOMAIN: inet.addr, f"private.w.{DOMAIN}": "10.20.30.40"}
+        # The node's sandbox URLs resolve to an address of the host, as an operator's DNS
+        # points them at the node.
+        records = {DOMAIN: inet.addr, f"private.w.{DOMAIN}": "10.20.30.40",
+                   SBX_DOMAIN: inet.host_addr}  # fmt: skip
         dns = ns.run_in_netns(path, Dnsmasq, inet.addr, records, tmp)
         http = ns.run_in_netns(path, HttpServer, 80, BODY, inet.addr)
         https = ns.run_in_netns(path, HttpServer, 443, BODY, inet.addr, tls)
@@ -78,7 +82,8 @@ def node(tmp_path_factory: pytest.TempPathFactory, web: Web) -> Iterator[NodePro
     try:
         with running_node(tmp_path_factory.mktemp("node"), AENV_INSTANCE=instance,
                           AENV_WARM_POOL_SIZE="0", AENV_SLOT_NETWORK="198.18.0.0/16",
-                          AENV_NETWORK_PUBLIC_RANGES="198.19.0.0/16") as n, \
+                          AENV_NETWORK_PUBLIC_RANGES="198.19.0.0/16",
+                          AENV_DOMAIN=SBX_DOMAIN) as n, \
                 slots_forwarding(instance):  # fmt: skip
             yield n
     finally:
@@ -179,3 +184,34 @@ def test_the_guest_resolver_is_the_policys_first_dns_server_under_the_same_rules
     finally:
         opened.kill()
         closed.kill()
+
+
+def test_a_sandbox_reaches_another_by_its_url_through_the_node_and_its_rules(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    dns = {"dns_servers": [web.inet.addr]}
+    served = Sandbox.create(timeout=120)
+    tokened = Sandbox.create(timeout=120, network={"allow_public_traffic": False})
+    opened = Sandbox.create(timeout=120, network=dns)
+    closed = Sandbox.create(timeout=120, allow_internet_access=False, network=dns)
+    try:
+        for target in (served, tokened):
+            target.commands.run("cd /tmp && python3 -m http.server 8000", background=True)
+            target.commands.run("for i in $(seq 100); do curl -s localhost:8000 >/dev/null "
+                                "&& break; sleep 0.2; done")  # fmt: skip
+        url = f"http://8000-{served.sandbox_id}.{SBX_DOMAIN}/"
+        code = "-o /dev/null -w '%{http_code}'"
+        assert _curl(opened, url, code) == "200"
+        # The target's own rules apply: its traffic token, as for any client.
+        pinned = f"http://8000-{tokened.sandbox_id}.{SBX_DOMAIN}/"
+        assert _curl(opened, pinned, code) == "403"
+        header = f"-H 'e2b-traffic-access-token: {tokened.traffic_access_token}'"
+        assert _curl(opened, pinned, code, header) == "200"
+        # The node serves plain HTTP here: no TLS hairpin; no other name on the host.
+        assert _curl(opened, url.replace("http:", "https:"), "-k").startswith("failed")
+        assert _curl(opened, f"http://api.{SBX_DOMAIN}/health").startswith("failed")
+        # A sandbox without public egress has no hairpin either (DNS aside).
+        forced = f"--resolve 8000-{served.sandbox_id}.{SBX_DOMAIN}:80:{web.inet.host_addr}"
+        assert _curl(closed, url, forced).startswith("failed")
+    finally:
+        for sbx in (served, tokened, opened, closed):
+            sbx.kill()

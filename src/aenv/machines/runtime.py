@@ -52,7 +52,7 @@ from aenv.machines.machine import (
 from aenv.machines.pausing import Pausing
 from aenv.machines.pools import RecentPools, VmPool
 from aenv.network.egress import EgressPolicy, public_ranges
-from aenv.network.egress_proxy import EgressProxy
+from aenv.network.egress_proxy import EgressProxy, hairpin_of
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
@@ -97,7 +97,8 @@ class Runtime(Pausing, Cloning, Adopting):
         )
         self._machines: dict[str, Machine] = {}
         self._public = public_ranges(cfg.network.public_ranges)  # egress: "internet" here
-        self.egress_proxy = EgressProxy()  # domains in allowOut (egress_proxy.py)
+        # Domains in allowOut, and the node's sandbox URLs from inside (egress_proxy.py).
+        self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg))
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
         self._pool: VmPool[tuple[object, ...]] = VmPool(
@@ -300,7 +301,8 @@ class Runtime(Pausing, Cloning, Adopting):
     async def _apply_egress(self, slot: Slot, policy: EgressPolicy, *, fresh: bool) -> None:
         sets = await asyncio.to_thread(set_egress, slot, policy, self.cfg.slot_network,
                                        self._public, fresh=fresh,
-                                       proxy=self.egress_proxy.ports)  # fmt: skip
+                                       proxy=self.egress_proxy.ports,
+                                       hairpin=self.egress_proxy.hairpin is not None)  # fmt: skip
         self.egress_proxy.admit(slot.slot_addr, policy, sets)
 
     async def push_init(self, m: Machine, init: AgentInit) -> None:

@@ -208,6 +208,8 @@ class EgressSets:
     proxied: tuple[Net, ...] = ()  # 0.0.0.0/0 while domains are allowed: TCP 80/443 the
     # order above refuses goes to the egress proxy instead
     resolver: str = ""  # where the guest's DNS queries to its gateway go (judged as usual)
+    hairpin: tuple[Net, ...] = ()  # the host's own addresses, whose TCP 80/443 goes to the
+    # egress proxy for the node's sandbox URLs (else "never")
 
 
 def host_local_networks() -> list[Net]:
@@ -222,7 +224,11 @@ def host_local_networks() -> list[Net]:
 
 
 def compile_sets(policy: EgressPolicy, slot_network: str, host_local: Iterable[Net],
-                 public: Iterable[Net] = ()) -> EgressSets:  # fmt: skip
+                 public: Iterable[Net] = (), *, hairpin: bool = False) -> EgressSets:  # fmt: skip
+    """`hairpin`: the node serves sandbox URLs on a domain (egress_proxy.Hairpin); a
+    sandbox that may reach public destinations or domains may reach those URLs too."""
+    host_local = tuple(host_local)
+    pin = hairpin and (policy.internet or bool(policy.domains))
     def collapsed(nets: Iterable[Net]) -> tuple[Net, ...]:
         return tuple(ipaddress.collapse_addresses(nets))  # nft rejects overlapping elements
 
@@ -236,7 +242,8 @@ def compile_sets(policy: EgressPolicy, slot_network: str, host_local: Iterable[N
         deny_out=collapsed(policy.deny_out),
         allow_default=(ALL,) if policy.internet else (),
         dns=collapsed(Net(a) for a in policy.resolvers) if policy.domains else (),
-        proxied=(ALL,) if policy.domains else (),
+        proxied=(ALL,) if policy.domains or pin else (),
+        hairpin=collapsed(host_local) if pin else (),
         resolver=policy.resolvers[0] if policy.resolvers else "",
     )
 

@@ -16,6 +16,12 @@ connected /30, and the reply goes back down that veth):
    ways. It never decrypts, never changes a byte, and never connects to the address the
    guest chose (a direct-IP connection with an allowed SNI reaches the name's own address).
 
+The hairpin: on a node that serves sandbox URLs on a domain (`AENV_DOMAIN`), TCP 80/443 to
+the host's own addresses comes here too, and a name `<port>-<sandboxID>.<domain>` goes to
+the node's own listener (on the scheme it serves: 443 for TLS, 80 for HTTP), where the
+target's rules apply as for any client. A sandbox may use it if it may reach public
+destinations, or if a domain entry of its policy matches the name.
+
 Refused connections are reset: the guest sees its connect succeed and then ECONNRESET,
 as E2B documents for its own blocked connections. A live update that takes a name away
 resets the open connections to it.
@@ -29,6 +35,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import re
 import socket
 import struct
 from collections.abc import Callable, Coroutine
@@ -39,6 +46,7 @@ import dns.exception
 import dns.resolver
 from prometheus_client import Counter
 
+from aenv.config import Config
 from aenv.network.domains import MAX_HEAD, MAX_HELLO, NeedMore, http_host, matches, tls_sni
 from aenv.network.egress import EgressPolicy, EgressSets, refused_by_address
 from aenv.network.rules import PROXIED_PORTS
@@ -53,9 +61,39 @@ CONNECT_TIMEOUT_S = 10.0
 PIPE_SIZE = 1 << 20  # per direction: what one splice moves at most
 
 
+@dataclass(frozen=True)
+class Hairpin:
+    """The node's own sandbox URLs, `<port>-<sandboxID>.<domain>`: a guest connection for one
+    goes to the node's listener (`addr`:`port`, TLS or not), whose data plane applies the
+    target's own rules (tokens), as for a request from anywhere else."""
+
+    domain: str
+    addr: str
+    port: int
+    tls: bool
+
+    def serves(self, name: str) -> bool:
+        head, dot, rest = name.partition(".")
+        return bool(dot) and rest == self.domain and _SANDBOX_HOST.fullmatch(head) is not None
+
+
+_SANDBOX_HOST = re.compile(r"\d{1,5}-[a-z0-9]+")
+
+
+def hairpin_of(cfg: Config) -> Hairpin | None:
+    """The node's sandbox URLs, if it serves them on a domain (`AENV_DOMAIN`)."""
+    if not cfg.domain:
+        return None
+    wildcard = cfg.host in ("", "0.0.0.0", "::")
+    addr = "127.0.0.1" if wildcard else socket.gethostbyname(cfg.host)
+    return Hairpin(cfg.domain.lower().rstrip("."), addr, cfg.port,
+                   tls=cfg.tls_cert_file is not None)
+
+
 @dataclass
 class _Tenant:
     domains: tuple[str, ...]
+    internet: bool  # public destinations are open to it, so are the node's sandbox URLs
     sets: EgressSets
     resolver: dns.asyncresolver.Resolver
     conns: dict[asyncio.Task[None], str] = field(default_factory=dict)  # open, by name
@@ -78,9 +116,10 @@ def _is_own_peer(local: str, peer: str) -> bool:
 
 
 class EgressProxy:
-    def __init__(self, host: str = "0.0.0.0") -> None:
+    def __init__(self, host: str = "0.0.0.0", hairpin: Hairpin | None = None) -> None:
         # Bound on every host address, yet it serves only slots it was told of (admit).
         self._host = host
+        self.hairpin = hairpin
         self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()  # accept loops and connections
         self._tenants: dict[str, _Tenant] = {}
@@ -112,18 +151,27 @@ class EgressProxy:
     def admit(self, slot_addr: str, policy: EgressPolicy, sets: EgressSets | None) -> None:
         """The policy now on the slot at `slot_addr`: its domains are served from now on,
         and its open connections to names no longer allowed are reset."""
-        if sets is None or not policy.domains:
+        if sets is None or not sets.proxied:
             self.forget(slot_addr)
             return
         old = self._tenants.get(slot_addr)
-        t = _Tenant(policy.domains, sets, _resolver(policy.resolvers))
+        t = _Tenant(policy.domains, policy.internet, sets, _resolver(policy.resolvers))
         if old is not None:
+            same_dns = old.resolver.nameservers == t.resolver.nameservers
             for task, name in old.conns.items():
-                if matches(name, t.domains) and old.resolver.nameservers == t.resolver.nameservers:
+                if self._allows(t, name) and (same_dns or self._pinned(name)):
                     t.conns[task] = name
                 else:
                     task.cancel()
         self._tenants[slot_addr] = t
+
+    def _pinned(self, name: str) -> bool:
+        return self.hairpin is not None and self.hairpin.serves(name)
+
+    def _allows(self, t: _Tenant, name: str) -> bool:
+        if self._pinned(name):
+            return bool(t.sets.hairpin) and (t.internet or matches(name, t.domains))
+        return matches(name, t.domains)
 
     def forget(self, slot_addr: str) -> None:
         """The slot was released or closed: reset what it has open."""
@@ -168,23 +216,30 @@ class EgressProxy:
             head, name = await asyncio.wait_for(_first_bytes(conn, port), FIRST_BYTES_TIMEOUT_S)
         except (TimeoutError, OSError):
             return _refused("no_name")
-        if name is None or not matches(name, tenant.domains):
+        if name is None or not self._allows(tenant, name):
             log.debug("egress proxy: %s refused %s:%d", peer, name, port)
             return _refused("not_allowed")
-        addrs = await _resolve(tenant, name)
-        allowed = [a for a in addrs if not refused_by_address(a, tenant.sets)]
-        if not allowed:
-            return _refused("unresolved" if not addrs else "address_refused")
-        up = await _connect(allowed, port)
+        if self.hairpin is not None and self._pinned(name):
+            if self.hairpin.tls != (port == 443):  # the node speaks one scheme only
+                return _refused("hairpin_scheme")
+            up = await _connect([ipaddress.IPv4Address(self.hairpin.addr)], self.hairpin.port)
+            outcome = "hairpin"
+        else:
+            addrs = await _resolve(tenant, name)
+            allowed = [a for a in addrs if not refused_by_address(a, tenant.sets)]
+            if not allowed:
+                return _refused("unresolved" if not addrs else "address_refused")
+            up = await _connect(allowed, port)
+            outcome = "relayed"
         if up is None:
             return _refused("connect_failed")
         task = asyncio.current_task()
         assert task is not None
-        if self._tenants.get(peer) is not tenant or not matches(name, tenant.domains):
+        if self._tenants.get(peer) is not tenant or not self._allows(tenant, name):
             _reset(up)  # an update took it away meanwhile
             return _refused("not_allowed")
         tenant.conns[task] = name
-        CONNECTIONS.labels("relayed").inc()
+        CONNECTIONS.labels(outcome).inc()
         try:
             await asyncio.get_running_loop().sock_sendall(up, head)
             await _relay(conn, up)

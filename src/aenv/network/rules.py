@@ -27,7 +27,7 @@ from aenv.network.egress import EgressSets, Net
 TABLE = "aenv"
 # The sets a sandbox's egress policy fills, in the order guest_egress consults them.
 EGRESS_SETS = ("never", "allow_special", "special", "allow_out", "deny_out", "allow_default",
-               "dns", "proxied")
+               "dns", "proxied", "hairpin")
 # Guest ports whose connections the egress proxy judges by name (domains.py): HTTP, TLS.
 PROXIED_PORTS = (80, 443)
 
@@ -74,7 +74,9 @@ table inet {TABLE} {{
             th dport 53 dnat ip to ip daddr map @dns_map
     }}
     chain proxy_pick {{
+        # The node's own addresses: its sandbox URLs (the hairpin), judged by name. Else
         # guest_egress's order: what it accepts goes direct, what it refuses to the proxy.
+        ip daddr @hairpin goto proxy_to
         ip daddr @never return
         ip daddr @allow_special return
         ip daddr @special goto proxy_to

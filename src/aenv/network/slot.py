@@ -228,9 +228,11 @@ def _has_default_route() -> bool:
 
 def set_egress(slot: Slot, policy: EgressPolicy, slot_network: str,
                public: Sequence[Net] = (), *, fresh: bool = True,
-               proxy: tuple[int, ...] = ()) -> EgressSets | None:  # fmt: skip
+               proxy: tuple[int, ...] = (), hairpin: bool = False
+               ) -> EgressSets | None:  # fmt: skip
     """Open the slot's egress as `policy` says, for the sandbox that holds it; `public`: the
-    node's public ranges; `proxy`: the egress proxy's ports (rules.egress_commands). A
+    node's public ranges; `proxy`: the egress proxy's ports (rules.egress_commands);
+    `hairpin`: whether the proxy serves the node's sandbox URLs (egress.compile_sets). A
     closed policy needs nothing on a `fresh` start: a slot is closed from its creation and
     from every reset; a live update (`fresh=False`) may close it. The host's local
     addresses are read now (call from the host's namespace). Returns the sets applied
@@ -240,7 +242,8 @@ def set_egress(slot: Slot, policy: EgressPolicy, slot_network: str,
     try:
         # A live update to closed keeps the route and fills the sets anyway: open TCP
         # connections then get their reset from the rules (no route would only drop).
-        sets = compile_sets(policy, slot_network, host_local_networks(), public)
+        sets = compile_sets(policy, slot_network, host_local_networks(), public,
+                            hairpin=hairpin and bool(proxy))
         ns.run_in_netns(slot.netns_path, _set_egress_inside, slot, sets, proxy)
     except NetlinkError as e:  # callers see OSError (or RulesError) only
         raise OSError(e.code, f"egress of {slot.netns}: {e}") from e

@@ -70,6 +70,19 @@ def test_domains_open_dns_and_the_proxy_and_nothing_else() -> None:
     assert p.to_json()["allowOut"] == ["*.example.org", "example.com"]
 
 
+def test_the_hairpin_is_for_sandboxes_that_may_reach_public_destinations_or_domains() -> None:
+    def pinned(p: EgressPolicy) -> tuple[set[Net], tuple[Net, ...]]:
+        sets = compile_sets(p, "198.18.0.0/16", HOST, hairpin=True)
+        return set(sets.hairpin), sets.proxied
+
+    everything = (Net("0.0.0.0/0"),)
+    assert pinned(EgressPolicy.from_request(True)) == (set(HOST), everything)
+    assert pinned(EgressPolicy.from_request(False, ["a.test"])) == (set(HOST), everything)
+    assert pinned(EgressPolicy.from_request(False, ["198.51.100.1"])) == (set(), ())
+    off = compile_sets(EgressPolicy.from_request(True), "198.18.0.0/16", HOST)
+    assert (off.hairpin, off.proxied) == ((), ())  # a node without a domain: none
+
+
 def test_an_allowed_name_may_not_resolve_into_closed_ranges() -> None:
     p = EgressPolicy.from_request(False, ["example.com", "10.9.0.0/16"])
     sets = compile_sets(p, "198.18.0.0/16", HOST, public=[Net("198.19.0.0/16")])

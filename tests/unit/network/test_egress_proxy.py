@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from aenv.network.egress import EgressPolicy, EgressSets
-from aenv.network.egress_proxy import EgressProxy
+from aenv.network.egress import ALL, EgressPolicy, EgressSets
+from aenv.network.egress_proxy import EgressProxy, Hairpin
 from tests.support.internet import Dnsmasq
 
 UPSTREAM, DNS, LOCAL, TENANT = "127.78.0.1", "127.78.0.53", "127.78.0.2", "127.78.0.3"
 NAME = "api.proxy.test"
+# As compile_sets makes them for a policy with a domain, except that loopback, "never" to a
+# real sandbox, is open here.
 OPEN = EgressSets(never=(), allow_special=(), special=(), allow_out=(), deny_out=(),
-                  allow_default=())  # loopback is "never" to a real sandbox, not here
+                  allow_default=(), proxied=(ipaddress.IPv4Network("0.0.0.0/0"),))
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +33,18 @@ def dns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     d.close()
 
 
+async def _echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+        w.write_eof()  # the half-close came through: say so, then close
+    w.close()
+
+
 @pytest.fixture
 async def proxy(dns: None) -> AsyncIterator[EgressProxy]:
-    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-            w.write_eof()  # the half-close came through: say so, then close
-        w.close()
-
-    upstream = await asyncio.start_server(echo, UPSTREAM, 80, reuse_address=True)
+    upstream = await asyncio.start_server(_echo, UPSTREAM, 80, reuse_address=True)
     p = EgressProxy()
     await p.start()
     p.admit(TENANT, EgressPolicy.from_request(False, [NAME], dns_servers=[DNS]), OPEN)
@@ -115,3 +118,29 @@ async def test_an_update_that_takes_the_name_away_resets_it_and_one_that_keeps_i
     r, w = await _open(proxy, NAME)  # and new ones are refused too
     assert await _reset(r)
     w.close()
+
+
+async def test_the_hairpin_goes_to_the_node_for_its_sandbox_urls_only(dns: None) -> None:
+    echo = await asyncio.start_server(_echo, UPSTREAM, 8123, reuse_address=True)
+    p = EgressProxy(hairpin=Hairpin("sbx.proxy.test", UPSTREAM, 8123, tls=False))
+    await p.start()
+    pinned = dataclasses.replace(OPEN, hairpin=(ALL,))
+    try:
+        p.admit(TENANT, EgressPolicy.from_request(True), pinned)
+        r, w = await _open(p, "8000-abc123.sbx.proxy.test")
+        assert (await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)).startswith(b"GET / ")
+        w.close()
+        for host in ("api.sbx.proxy.test", "8000-abc.other.test", "x-abc.sbx.proxy.test"):
+            r, w = await _open(p, host)
+            assert await _reset(r), host
+            w.close()
+        # Closed to public destinations, no matching domain: no hairpin.
+        p.admit(TENANT, EgressPolicy.from_request(False, ["b.test"], dns_servers=[DNS]),
+                OPEN)  # fmt: skip
+        r, w = await _open(p, "8000-abc123.sbx.proxy.test")
+        assert await _reset(r)
+        w.close()
+    finally:
+        await p.close()
+        echo.close()
+        await echo.wait_closed()
