@@ -106,7 +106,7 @@ def _outcomes(node: NodeProcess) -> dict[str, float]:
 def _curl(sbx: Sandbox, url: str, *extra: str) -> str:
     """The body, or `failed <curl's exit code>`."""
     args = " ".join(extra)
-    r = sbx.commands.run(f"curl -sS --cacert /tmp/ca.pem --connect-timeout 3 --max-time 6 "
+    r = sbx.commands.run(f"curl -sS --cacert /tmp/ca.pem --connect-timeout 5 --max-time 20 "
                          f"{args} {url} 2>/dev/null || echo failed $?")  # fmt: skip
     return r.stdout
 
