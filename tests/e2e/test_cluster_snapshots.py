@@ -305,7 +305,11 @@ def _template_copy(cluster: Cluster, sbx: Sandbox, template: str, source: str) -
     with n1.api() as c:
         assert template not in [t["templateID"] for t in c.get("/templates").json()]
         assert c.get(f"/templates/{template}").status_code == 200
-    assert template in (cluster.get("nodes/n1") or {}).get("cached", [])
+    # The node's record says so from its next refresh on (not at once: seen in CI).
+    deadline = time.monotonic() + 60
+    while template not in (cluster.get("nodes/n1") or {}).get("cached", []):
+        assert time.monotonic() < deadline, f"n1's record never listed {template} as cached"
+        time.sleep(0.2)
     with httpx.Client(base_url=cluster.gateway.origin, headers={"X-API-Key": API_KEY},
                       timeout=30) as c:  # fmt: skip
         listed = [t["templateID"] for t in c.get("/templates").json()]
