@@ -249,7 +249,10 @@ class EgressProxy:
             _reset(conn)
             return True
         finally:
-            tenant.conns.pop(task, None)
+            # An update may have moved it to the tenant that replaced this one.
+            for t in (tenant, self._tenants.get(peer)):
+                if t is not None:
+                    t.conns.pop(task, None)
         up.close()
         conn.close()
         return True

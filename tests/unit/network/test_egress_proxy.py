@@ -112,6 +112,13 @@ async def test_an_update_that_takes_the_name_away_resets_it_and_one_that_keeps_i
     proxy.admit(TENANT, keep, OPEN)
     w.write(b"still there")
     assert await asyncio.wait_for(r.readexactly(11), 5) == b"still there"
+    w.write_eof()  # it ends under the tenant that replaced the one it began under
+    assert await asyncio.wait_for(r.read(), 5) == b""
+    await asyncio.sleep(0.1)
+    assert proxy._tenants[TENANT].conns == {}  # nothing kept of it
+    w.close()
+    r, w = await _open(proxy, NAME)
+    await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
     proxy.admit(TENANT, EgressPolicy.from_request(False, ["b.test"], dns_servers=[DNS]), OPEN)
     assert await _reset(r)
     w.close()
