@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(qemu-system-x86 qemu-utils debootstrap nftables xfsprogs e2fsprogs protobuf-compiler
       busybox-static linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev
       cpio iproute2 util-linux tmux nodejs wrk stress-ng
-      skopeo umoci docker-registry etcd-server haproxy dnsmasq-base)
+      skopeo umoci docker-registry etcd-server haproxy dnsmasq-base dante-server stunnel4)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,9 +13,7 @@ import secrets
 import socket
 import socketserver
 import ssl
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from pyroute2 import IPRoute
 
 from aenv.network import netns as ns
 from aenv.network.pool import address_is_local
+from tests.support import daemons
 
 
 def free_port() -> int:
@@ -235,29 +234,15 @@ class Dnsmasq:
     else."""
 
     def __init__(self, addr: str, records: dict[str, str], workdir: Path) -> None:
-        self.pidfile = workdir / "dnsmasq.pid"
         args = ["dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
                 "--no-hosts", "--bind-interfaces", f"--listen-address={addr}", "--port=53",
-                f"--pid-file={self.pidfile}", "--user=root", "--log-facility=/dev/null",
+                f"--pid-file={workdir / 'dnsmasq.pid'}", "--user=root",
+                "--log-facility=/dev/null",
                 *(f"--address=/{name}/{a}" for name, a in records.items())]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dnsmasq exited: {self.proc.stderr.read()!r}")  # type: ignore[union-attr]
-            with contextlib.suppress(OSError), socket.create_connection((addr, 53), 0.2):
-                return
-            time.sleep(0.05)
-        self.close()
-        raise RuntimeError("dnsmasq did not start listening")
+        self.proc = daemons.start_listening(args, addr, 53, workdir / "dnsmasq.log")
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        daemons.stop(self.proc)
 
 
 @contextlib.contextmanager

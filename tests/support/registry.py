@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import daemons
 from tests.support.host import free_port
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
@@ -82,13 +83,7 @@ class Registry:
         raise AssertionError("docker-registry did not answer in time")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        daemons.stop(self.proc)
 
     def blob_gets(self, digest: str) -> int:
         """How many times a blob was fetched (GET; a HEAD only asks whether it exists)."""

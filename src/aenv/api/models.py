@@ -36,6 +36,7 @@ class _Egress(_Body):
     allowOut: list[StrictStr] | None = None
     denyOut: list[StrictStr] | None = None
     dnsServers: list[StrictStr] | None = None
+    egressProxy: dict[str, Any] | None = None  # checked in network/socks.py
 
 
 class SandboxNetwork(_Egress):
@@ -71,6 +72,7 @@ class NetworkInfo(BaseModel):
     allowOut: list[str]
     denyOut: list[str]
     dnsServers: list[str] | None = None
+    egressProxy: dict[str, Any] | None = None  # never the password or the CA
     allowPublicTraffic: bool = True
     maskRequestHost: str | None = None
     httpsPorts: list[int] | None = None

@@ -94,6 +94,8 @@ def _network_info(rec: SandboxRecord) -> NetworkInfo:
                        denyOut=[str(n) for n in e.deny_out])  # fmt: skip
     if e.dns_servers is not None:  # set only then: the SDK reads a null as a list
         info.dnsServers = list(e.dns_servers)
+    if e.egress_proxy is not None:
+        info.egressProxy = e.egress_proxy.info()
     i = rec.ingress
     info.allowPublicTraffic = i.traffic_token is None
     if i.mask_host is not None:
@@ -162,6 +164,7 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         allow_out=list(net.allowOut or []),
         deny_out=list(net.denyOut or []),
         dns_servers=net.dnsServers,
+        egress_proxy=net.egressProxy,
         allow_public_traffic=net.allowPublicTraffic,
         mask_request_host=net.maskRequestHost,
         https_ports=net.httpsPorts,
@@ -258,7 +261,7 @@ async def update_network(request: Request, sandbox_id: str, body: SandboxNetwork
     _unsupported_network(body)
     await _orch(request).update_network(
         sandbox_id, body.allow_internet_access, body.allowOut or [], body.denyOut or [],
-        body.dnsServers)
+        body.dnsServers, body.egressProxy)
     return Response(status_code=204)
 
 

@@ -56,6 +56,7 @@ from aenv.network.egress_proxy import EgressProxy, hairpin_of
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
+from aenv.network.tunnels import SocksTunnels
 from aenv.obs import VMM_EXITS, log_event
 from aenv.storage import datafs
 from aenv.storage.files import clone, remove_tree
@@ -99,6 +100,7 @@ class Runtime(Pausing, Cloning, Adopting):
         self._public = public_ranges(cfg.network.public_ranges)  # egress: "internet" here
         # Domains in allowOut, and the node's sandbox URLs from inside (egress_proxy.py).
         self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg))
+        self.tunnels = SocksTunnels()  # egressProxy: TCP through the sandbox's SOCKS5 proxy
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
         self._pool: VmPool[tuple[object, ...]] = VmPool(
@@ -148,6 +150,7 @@ class Runtime(Pausing, Cloning, Adopting):
         self._machines.clear()
         await self.slots.close_async()
         await self.egress_proxy.close()
+        await self.tunnels.close()
 
     async def settle_pool(self) -> None:
         """Wait for the pools' VMs in the making: the next restore of the default shape
@@ -299,11 +302,16 @@ class Runtime(Pausing, Cloning, Adopting):
         return True
 
     async def _apply_egress(self, slot: Slot, policy: EgressPolicy, *, fresh: bool) -> None:
+        # The tunnel listener exists before the rules name it, and closes after they stop.
+        socks = (await self.tunnels.listen(slot.slot_addr, slot.netns_path)
+                 if policy.egress_proxy is not None and not policy.is_closed else None)  # fmt: skip
         sets = await asyncio.to_thread(set_egress, slot, policy, self.cfg.slot_network,
                                        self._public, fresh=fresh,
                                        proxy=self.egress_proxy.ports,
-                                       hairpin=self.egress_proxy.hairpin is not None)  # fmt: skip
+                                       hairpin=self.egress_proxy.hairpin is not None,
+                                       socks=socks)  # fmt: skip
         self.egress_proxy.admit(slot.slot_addr, policy, sets)
+        self.tunnels.admit(slot.slot_addr, policy, sets)
 
     async def push_init(self, m: Machine, init: AgentInit) -> None:
         """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
@@ -363,6 +371,7 @@ class Runtime(Pausing, Cloning, Adopting):
             await m.vm.kill()
         async with m.net_lock:  # an egress update in flight ends first
             self.egress_proxy.forget(m.slot.slot_addr)
+            self.tunnels.forget(m.slot.slot_addr)
             await self.slots.release_async(m.slot)
 
     async def _destroy(self, m: Machine) -> None:

@@ -34,6 +34,7 @@ slot address as source (SNAT); where they go from there is the host's routing
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from aenv.network.domains import DomainError, parse_pattern
+from aenv.network.socks import SocksConfigError, SocksProxy
+from aenv.network.socks import resolve as resolve_proxy
 
 Net = ipaddress.IPv4Network
 
@@ -119,17 +122,23 @@ class EgressPolicy:
     # egress proxy resolves those domains with. None: E2B's default (8.8.8.8).
     dns_servers: tuple[str, ...] | None = None
     domains: tuple[str, ...] = ()  # allowOut's domain patterns (domains.py)
+    # E2B's egressProxy: what the order accepts over TCP is tunnelled through it (socks.py).
+    egress_proxy: SocksProxy | None = None
 
     @classmethod
     def from_request(cls, internet: bool, allow_out: Sequence[object] = (),
-                     deny_out: Sequence[object] = (), dns_servers: Sequence[object] | None = None
-                     ) -> EgressPolicy:  # fmt: skip
+                     deny_out: Sequence[object] = (), dns_servers: Sequence[object] | None = None,
+                     egress_proxy: object | None = None) -> EgressPolicy:  # fmt: skip
         """From an E2B create or update body, `internet` resolved against the node's default;
         raises EgressPolicyError on entries it cannot enforce."""
         allow, domains = _parse(allow_out, "allowOut")
         deny, _ = _parse(deny_out, "denyOut")
+        try:
+            proxy = None if egress_proxy is None else SocksProxy.from_request(egress_proxy)
+        except SocksConfigError as e:
+            raise EgressPolicyError(str(e)) from None
         return cls(allow, deny, internet=bool(internet), dns_servers=_dns(dns_servers),
-                   domains=domains)
+                   domains=domains, egress_proxy=proxy)
 
     @property
     def is_closed(self) -> bool:
@@ -147,6 +156,8 @@ class EgressPolicy:
                                 "internet": self.internet}  # fmt: skip
         if self.dns_servers is not None:
             d["dnsServers"] = list(self.dns_servers)
+        if self.egress_proxy is not None:
+            d["egressProxy"] = self.egress_proxy.to_json()
         return d
 
     @classmethod
@@ -154,7 +165,7 @@ class EgressPolicy:
         allow, deny, dns = d.get("allowOut", []), d.get("denyOut", []), d.get("dnsServers")
         assert isinstance(allow, list) and isinstance(deny, list)
         assert dns is None or isinstance(dns, list)
-        return cls.from_request(bool(d.get("internet")), allow, deny, dns)
+        return cls.from_request(bool(d.get("internet")), allow, deny, dns, d.get("egressProxy"))
 
 
 def _dns(entries: Sequence[object] | None) -> tuple[str, ...] | None:
@@ -255,3 +266,26 @@ def refused_by_address(addr: ipaddress.IPv4Address, sets: EgressSets) -> bool:
         return any(addr in n for n in nets)
 
     return within(sets.never) or (within(sets.special) and not within(sets.allow_special))
+
+
+async def check_egress_proxy(policy: EgressPolicy, public: Iterable[Net] = ()) -> None:
+    """A create's or update's egressProxy must resolve outside the never and special
+    ranges (E2B refuses proxies inside its infrastructure); raises EgressPolicyError."""
+    if policy.egress_proxy is None:
+        return
+    local = await asyncio.to_thread(host_local_networks)
+    try:
+        await resolve_proxy(policy.egress_proxy, (*NEVER, *local, *special_ranges(public)))
+    except SocksConfigError as e:
+        raise EgressPolicyError(str(e)) from None
+
+
+def accepted_by_address(addr: ipaddress.IPv4Address, sets: EgressSets) -> bool:
+    """The whole order for one destination, as the slot's guest_egress chain judges it."""
+    def within(nets: tuple[Net, ...]) -> bool:
+        return any(addr in n for n in nets)
+
+    if refused_by_address(addr, sets):
+        return False
+    return within(sets.allow_special) or within(sets.allow_out) or (
+        not within(sets.deny_out) and within(sets.allow_default))

@@ -30,15 +30,11 @@ resets the open connections to it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import ipaddress
 import logging
-import os
 import re
 import socket
-import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 import dns.asyncresolver
@@ -49,7 +45,9 @@ from prometheus_client import Counter
 from aenv.config import Config
 from aenv.network.domains import MAX_HEAD, MAX_HELLO, NeedMore, http_host, matches, tls_sni
 from aenv.network.egress import EgressPolicy, EgressSets, refused_by_address
+from aenv.network.relay import Tunnel, relay_tunnel, reset
 from aenv.network.rules import PROXIED_PORTS
+from aenv.network.socks import SocksConfigError, SocksProxy, dial, resolve
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,6 @@ CONNECTIONS = Counter("aenv_egress_proxy_connections_total",
 FIRST_BYTES_TIMEOUT_S = 10.0  # a guest that connects and says nothing holds nothing long
 RESOLVE_TIMEOUT_S = 3.0
 CONNECT_TIMEOUT_S = 10.0
-PIPE_SIZE = 1 << 20  # per direction: what one splice moves at most
 
 
 @dataclass(frozen=True)
@@ -96,6 +93,7 @@ class _Tenant:
     internet: bool  # public destinations are open to it, so are the node's sandbox URLs
     sets: EgressSets
     resolver: dns.asyncresolver.Resolver
+    proxy: SocksProxy | None  # the policy's egressProxy, which allowed names are dialled through
     conns: dict[asyncio.Task[None], str] = field(default_factory=dict)  # open, by name
 
 
@@ -155,11 +153,13 @@ class EgressProxy:
             self.forget(slot_addr)
             return
         old = self._tenants.get(slot_addr)
-        t = _Tenant(policy.domains, policy.internet, sets, _resolver(policy.resolvers))
+        t = _Tenant(policy.domains, policy.internet, sets, _resolver(policy.resolvers),
+                    policy.egress_proxy)  # fmt: skip
         if old is not None:
-            same_dns = old.resolver.nameservers == t.resolver.nameservers
+            same_way = (old.resolver.nameservers == t.resolver.nameservers
+                        and old.proxy == t.proxy)  # fmt: skip
             for task, name in old.conns.items():
-                if self._allows(t, name) and (same_dns or self._pinned(name)):
+                if self._allows(t, name) and (same_way or self._pinned(name)):
                     t.conns[task] = name
                 else:
                     task.cancel()
@@ -204,7 +204,7 @@ class EgressProxy:
             relayed = await self._relay_if_allowed(conn, peer, port)
         finally:
             if not relayed:
-                _reset(conn)
+                reset(conn)
 
     async def _relay_if_allowed(self, conn: socket.socket, peer: str, port: int) -> bool:
         """Judge the connection and relay it if allowed (True: it was, and is closed now)."""
@@ -224,6 +224,9 @@ class EgressProxy:
                 return _refused("hairpin_scheme")
             up = await _connect([ipaddress.IPv4Address(self.hairpin.addr)], self.hairpin.port)
             outcome = "hairpin"
+        elif tenant.proxy is not None:  # by name: the SOCKS proxy resolves it (ATYP domain)
+            up = await _through(tenant, name, port)
+            outcome = "tunnelled"
         else:
             addrs = await _resolve(tenant, name)
             allowed = [a for a in addrs if not refused_by_address(a, tenant.sets)]
@@ -236,38 +239,23 @@ class EgressProxy:
         task = asyncio.current_task()
         assert task is not None
         if self._tenants.get(peer) is not tenant or not self._allows(tenant, name):
-            _reset(up)  # an update took it away meanwhile
+            up.close(rst=True)  # an update took it away meanwhile
             return _refused("not_allowed")
         tenant.conns[task] = name
         CONNECTIONS.labels(outcome).inc()
         try:
-            await asyncio.get_running_loop().sock_sendall(up, head)
-            await _relay(conn, up)
-        except (asyncio.CancelledError, OSError):
-            # The policy closed it, or one side failed: both see a reset.
-            _reset(up)
-            _reset(conn)
-            return True
+            await relay_tunnel(conn, up, head)
         finally:
             # An update may have moved it to the tenant that replaced this one.
             for t in (tenant, self._tenants.get(peer)):
                 if t is not None:
                     t.conns.pop(task, None)
-        up.close()
-        conn.close()
         return True
 
 
 def _refused(outcome: str) -> bool:
     CONNECTIONS.labels(outcome).inc()
     return False
-
-
-def _reset(sock: socket.socket) -> None:
-    """Close with RST, not FIN: a refused guest must not take it for an answer."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
 
 
 async def _first_bytes(conn: socket.socket, port: int) -> tuple[bytes, str | None]:
@@ -294,7 +282,7 @@ async def _resolve(tenant: _Tenant, name: str) -> list[ipaddress.IPv4Address]:
     return [ipaddress.IPv4Address(r.address) for r in answer]
 
 
-async def _connect(addrs: list[ipaddress.IPv4Address], port: int) -> socket.socket | None:
+async def _connect(addrs: list[ipaddress.IPv4Address], port: int) -> Tunnel | None:
     loop = asyncio.get_running_loop()
     for a in addrs:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
@@ -303,104 +291,16 @@ async def _connect(addrs: list[ipaddress.IPv4Address], port: int) -> socket.sock
         except (OSError, TimeoutError):
             s.close()
             continue
-        return s
+        return Tunnel(sock=s)
     return None
 
 
-async def _relay(a: socket.socket, b: socket.socket) -> None:
-    """Both directions until both ended; the first error ends the other too."""
-    for s in (a, b):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-    ended = 0
-
-    def on_end(err: OSError | None) -> None:
-        nonlocal ended
-        if done.done():
-            return
-        if err is not None:
-            done.set_exception(err)
-            return
-        ended += 1
-        if ended == 2:
-            done.set_result(None)
-
-    pumps = [_Pump(loop, a, b, on_end), _Pump(loop, b, a, on_end)]
+async def _through(tenant: _Tenant, name: str, port: int) -> Tunnel | None:
+    """A CONNECT by name through the tenant's SOCKS proxy; None if it fails (closed)."""
+    assert tenant.proxy is not None
     try:
-        await done
-    finally:
-        for p in pumps:
-            p.stop()
-
-
-_F_SETPIPE_SZ = 1031
-_SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-
-
-class _Pump:
-    """src -> dst through a pipe with splice(2), driven by the loop's readiness callbacks
-    (no task, no future per wake: the hop adds as little latency as it can). The bytes
-    never enter this process; the proxy never reads past the name anyway. At EOF the
-    half-close is passed on; `on_end` hears of the EOF (None) or the error."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, src: socket.socket,
-                 dst: socket.socket, on_end: Callable[[OSError | None], None]) -> None:  # fmt: skip
-        self.loop, self.src, self.dst, self.on_end = loop, src.fileno(), dst.fileno(), on_end
-        self.dst_sock = dst
-        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(self.w, _F_SETPIPE_SZ, PIPE_SIZE)
-        self.queued = 0  # bytes in the pipe not yet written to dst
-        self.waiting: str | None = None
-        self._watch_src()
-
-    def _watch_src(self) -> None:
-        self.waiting = "src"
-        self.loop.add_reader(self.src, self._run)
-
-    def _watch_dst(self) -> None:
-        self.waiting = "dst"
-        self.loop.add_writer(self.dst, self._run)
-
-    def _unwatch(self) -> None:
-        if self.waiting == "src":
-            self.loop.remove_reader(self.src)
-        elif self.waiting == "dst":
-            self.loop.remove_writer(self.dst)
-        self.waiting = None
-
-    def _run(self) -> None:
-        try:
-            while True:
-                while self.queued:
-                    try:
-                        self.queued -= os.splice(self.r, self.dst, self.queued, flags=_SPLICE)
-                    except BlockingIOError:
-                        if self.waiting != "dst":
-                            self._unwatch()
-                            self._watch_dst()
-                        return
-                try:
-                    n = os.splice(self.src, self.w, PIPE_SIZE, flags=_SPLICE)
-                except BlockingIOError:
-                    if self.waiting != "src":
-                        self._unwatch()
-                        self._watch_src()
-                    return
-                if n == 0:
-                    self._unwatch()
-                    with contextlib.suppress(OSError):
-                        self.dst_sock.shutdown(socket.SHUT_WR)
-                    self.on_end(None)
-                    return
-                self.queued = n
-        except OSError as e:
-            self._unwatch()
-            self.on_end(e)
-
-    def stop(self) -> None:
-        self._unwatch()
-        for fd in (self.r, self.w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        addr = await resolve(tenant.proxy, (*tenant.sets.never, *tenant.sets.special))
+        return await dial(tenant.proxy, addr, name, port)
+    except (OSError, SocksConfigError) as e:
+        log.info("egress proxy: %s:%d through %s: %s", name, port, tenant.proxy.address, e)
+        return None

@@ -62,6 +62,9 @@ table inet {TABLE} {{
     # server; empty while the slot is closed.
     map dns_map {{ type ipv4_addr : ipv4_addr; }}
     set proxy_ports {{ type inet_service; }}
+    # The slot's SOCKS tunnel listener (tunnels.py), while the policy has an egressProxy.
+    map socks_map {{ type inet_proto : inet_service; }}
+    set socks_ports {{ type inet_service; }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
         # The host -> slot address, any TCP port, lands on the same port in the guest. Only
@@ -72,6 +75,20 @@ table inet {TABLE} {{
         iifname "{tap}" ip saddr {g} tcp dport {{ {ports} }} jump proxy_pick
         iifname "{tap}" ip saddr {g} ip daddr {GATEWAY_ADDR} meta l4proto {{ tcp, udp }} \
             th dport 53 dnat ip to ip daddr map @dns_map
+        # With an egressProxy, the TCP the order accepts goes to the slot's tunnel listener
+        # (DNS is never tunnelled).
+        iifname "{tap}" ip saddr {g} tcp dport != 53 jump socks_pick
+    }}
+    chain socks_pick {{
+        ip daddr @never return
+        ip daddr @allow_special goto socks_to
+        ip daddr @special return
+        ip daddr @allow_out goto socks_to
+        ip daddr @deny_out return
+        ip daddr @allow_default goto socks_to
+    }}
+    chain socks_to {{
+        meta l4proto tcp redirect to : meta l4proto map @socks_map
     }}
     chain proxy_pick {{
         # The node's own addresses: its sandbox URLs (the hairpin), judged by name. Else
@@ -123,6 +140,7 @@ table inet {TABLE} {{
     chain input {{
         type filter hook input priority filter; policy accept;
         iifname "{tap}" ct state established,related accept
+        iifname "{tap}" ip saddr {g} ct status dnat tcp dport @socks_ports accept
         iifname "{tap}" counter name guest_denied drop
         iifname "{up}" ip saddr != {host_addr} drop
     }}
@@ -137,13 +155,18 @@ table inet {TABLE} {{
 """
 
 
-def egress_commands(sets: EgressSets | None, proxy: tuple[int, ...] = ()) -> str:
+def egress_commands(sets: EgressSets | None, proxy: tuple[int, ...] = (),
+                    socks: int | None = None) -> str:  # fmt: skip
     """One transaction that replaces the egress sets' contents (None: empty them all, the
     closed state of a fresh slot). `proxy`: the egress proxy's ports, one per
-    PROXIED_PORTS entry (needed while `sets.proxied` is not empty)."""
+    PROXIED_PORTS entry (needed while `sets.proxied` is not empty); `socks`: the slot's
+    tunnel listener, while the policy has an egressProxy."""
     lines = [f"flush set inet {TABLE} {name}" for name in EGRESS_SETS]
-    lines += [f"flush map inet {TABLE} {m}" for m in ("proxy_map", "dns_map")]
-    lines.append(f"flush set inet {TABLE} proxy_ports")
+    lines += [f"flush map inet {TABLE} {m}" for m in ("proxy_map", "dns_map", "socks_map")]
+    lines += [f"flush set inet {TABLE} {s}" for s in ("proxy_ports", "socks_ports")]
+    if sets is not None and socks is not None:
+        lines.append(f"add element inet {TABLE} socks_map {{ tcp : {socks} }}")
+        lines.append(f"add element inet {TABLE} socks_ports {{ {socks} }}")
     if sets is not None:
         if sets.resolver:
             lines.append(f"add element inet {TABLE} dns_map {{ {GATEWAY_ADDR} : {sets.resolver} }}")

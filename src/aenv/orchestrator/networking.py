@@ -13,7 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from aenv.network.egress import EgressPolicy, EgressPolicyError
+from aenv.network.egress import (
+    EgressPolicy,
+    EgressPolicyError,
+    check_egress_proxy,
+    public_ranges,
+)
 from aenv.network.rules import RulesError
 from aenv.obs import log_event
 from aenv.orchestrator.errors import InvalidRequest, StateConflict, Unavailable
@@ -30,14 +35,22 @@ class Networking:
     """Part of `Orchestrator` (orchestrator/service.py), whose state it uses."""
 
     def egress_for(self, allow_internet: bool | None, allow_out: Sequence[object] = (),
-                   deny_out: Sequence[object] = (), dns_servers: Sequence[object] | None = None
-                   ) -> EgressPolicy:  # fmt: skip
+                   deny_out: Sequence[object] = (), dns_servers: Sequence[object] | None = None,
+                   egress_proxy: object | None = None) -> EgressPolicy:  # fmt: skip
         """The policy a request asks for; public destinations follow the node's default
         unless it says. InvalidRequest on entries this node cannot enforce."""
         internet = (self.config.network.internet_by_default if allow_internet is None
                     else allow_internet)  # fmt: skip
         try:
-            return EgressPolicy.from_request(internet, allow_out, deny_out, dns_servers)
+            return EgressPolicy.from_request(internet, allow_out, deny_out, dns_servers,
+                                             egress_proxy)  # fmt: skip
+        except EgressPolicyError as e:
+            raise InvalidRequest(str(e)) from None
+
+    async def check_egress(self, policy: EgressPolicy) -> None:
+        """InvalidRequest if the egressProxy does not resolve, or resolves inside."""
+        try:
+            await check_egress_proxy(policy, public_ranges(self.config.network.public_ranges))
         except EgressPolicyError as e:
             raise InvalidRequest(str(e)) from None
 
@@ -52,9 +65,11 @@ class Networking:
 
     async def update_network(self, sandbox_id: str, allow_internet: bool | None,
                              allow_out: Sequence[object] = (), deny_out: Sequence[object] = (),
-                             dns_servers: Sequence[object] | None = None) -> SandboxRecord:
+                             dns_servers: Sequence[object] | None = None,
+                             egress_proxy: object | None = None) -> SandboxRecord:
         """Replace a running or paused sandbox's egress policy (see the module docstring)."""
-        policy = self.egress_for(allow_internet, allow_out, deny_out, dns_servers)
+        policy = self.egress_for(allow_internet, allow_out, deny_out, dns_servers, egress_proxy)
+        await self.check_egress(policy)
         async with self._locks.hold(sandbox_id):
             rec = self.get(sandbox_id)  # NotFound
             if rec.state not in (S.RUNNING, S.PAUSED):

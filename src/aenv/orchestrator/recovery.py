@@ -73,7 +73,8 @@ async def recover(orch: Node) -> dict[str, int]:
         elif action == "adopt" and rec.sandbox_id in adopted:
             store.force_state(rec.sandbox_id, SandboxState.RUNNING, now)
             orch.routes.add(adopted[rec.sandbox_id], rec.access_token, rec.ingress)
-            if rec.egress.domains:  # the slot points at the last process's egress proxy
+            if rec.egress.domains or rec.egress.egress_proxy:  # the slot points at the last
+                # process's egress proxy or tunnel listener
                 try:
                     await orch.runtime.set_egress(rec.sandbox_id, rec.egress)
                 except Exception:

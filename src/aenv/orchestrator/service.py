@@ -305,8 +305,9 @@ class Orchestrator(Pausing, Forking, Networking):
                                  "filesystem-only pause reboots on resume, so it is resumed "
                                  "only by connect")  # fmt: skip
         egress = self.egress_for(req.allow_internet, req.allow_out, req.deny_out,
-                                 req.dns_servers)  # fmt: skip
+                                 req.dns_servers, req.egress_proxy)  # fmt: skip
         ingress = self.ingress_for(req)
+        await self.check_egress(egress)
         info = await self._resolve(req.template)  # TemplateNotFound -> 404
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.

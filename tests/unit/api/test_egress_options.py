@@ -38,7 +38,18 @@ Net = ipaddress.IPv4Network
     ({"allowOut": ["10.0.0.0/33"]}, "not an IPv4"),
     ({"dnsServers": ["1.1.1.1", "example.com"]}, "dnsServers: 'example.com' is not an IPv4"),
     ({"dnsServers": [f"10.0.0.{i}" for i in range(11)]}, "more than 10"),
-    ({"egressProxy": {"address": "p:1080"}}, "network.egressProxy"),
+    ({"egressProxy": {"address": "nowhere.invalid:1080"}}, "'nowhere.invalid' does not resolve"),
+    ({"egressProxy": {"address": "127.0.0.1:1080"}}, "an internal address"),
+    ({"egressProxy": {"address": "10.0.0.1:1080"}}, "an internal address"),
+    ({"egressProxy": {"address": "1.2.3.4"}}, "is not host:port"),
+    ({"egressProxy": {"address": "1.2.3.4:0"}}, "is not host:port"),
+    ({"egressProxy": {"address": "[2001:db8::1]:1080"}}, "IPv6"),
+    ({"egressProxy": "1.2.3.4:1080"}, "egressProxy"),
+    ({"egressProxy": {"address": "1.2.3.4:1080", "password": "pw"}}, "needs a username"),
+    ({"egressProxy": {"address": "1.2.3.4:1080", "username": "u" * 256}}, "1 to 255 bytes"),
+    ({"egressProxy": {"address": "1.2.3.4:1080", "tls": {"enabled": False,
+                                                        "serverName": "p"}}}, "no other field"),
+    ({"egressProxy": {"address": "1.2.3.4:1080", "tls": {"caCert": "nope"}}}, "no PEM"),
 ])
 async def test_network_options_it_cannot_enforce_are_400(
     client: httpx.AsyncClient, node: Node, network: dict, text: str
@@ -66,6 +77,23 @@ async def test_policy_reaches_every_start_of_the_sandbox(
     r = await client.post(f"/sandboxes/{sid}/fork", json={"count": 1})
     kid = r.json()[0]["sandbox"]["sandboxID"]
     assert runtime.inits[kid].egress == want  # children inherit it
+
+
+async def test_an_egress_proxy_is_kept_and_reported_without_its_secrets(
+    client: httpx.AsyncClient, runtime: FakeRuntime
+) -> None:
+    proxy = {"address": "1.2.3.4:1080", "username": "u", "password": "pw",
+             "tls": {"enabled": True, "serverName": "socks.example.com"}}  # fmt: skip
+    sid = (await create(client, network={"egressProxy": proxy}))["sandboxID"]
+    p = runtime.inits[sid].egress.egress_proxy
+    assert p is not None and (p.host, p.port, p.username, p.password) == ("1.2.3.4", 1080, "u", "pw")
+    assert p.tls and p.server_name == "socks.example.com"
+    got = (await client.get(f"/sandboxes/{sid}")).json()["network"]["egressProxy"]
+    assert got == {"address": "1.2.3.4:1080", "username": "u",
+                   "tls": {"serverName": "socks.example.com"}}  # never the password or CA
+    r = await client.put(f"/sandboxes/{sid}/network", json={})  # an update replaces it
+    assert r.status_code == 204 and runtime.egress[sid].egress_proxy is None
+    assert "egressProxy" not in (await client.get(f"/sandboxes/{sid}")).json()["network"]
 
 
 async def test_domains_are_kept_normalised_reported_and_inherited(
@@ -186,7 +214,7 @@ async def test_bad_updates_are_clear_errors_and_change_nothing(
         ({"denyOut": ["*.example.com"]}, 400, "domains are allowed in allowOut only"),
         ({"denyOut": "8.8.8.8"}, 400, "denyOut"),
         ({"dnsServers": ["nope"]}, 400, "dnsServers"),
-        ({"egressProxy": {"address": "p:1080"}}, 400, "network.egressProxy"),
+        ({"egressProxy": {"address": "nowhere.invalid:1080"}}, 400, "does not resolve"),
         ({"rules": {"a.example.com": [{"transform": {"headers": {"a": "b"}}}]}}, 400,
          "network.rules"),
         ({"allowInternetAccess": "yes"}, 400, "allowInternetAccess"),
