@@ -1,6 +1,8 @@
-"""Domain names in `allowOut`, with real VMs and the unmodified SDK: the egress proxy lets
-HTTP (Host) and HTTPS (SNI) through by name, wildcards included, and refuses the rest, a
-direct-IP bypass and a name that resolves into a private range included.
+"""Domain names in `allowOut` and the `egressProxy`, with real VMs and the unmodified SDK:
+the egress proxy lets HTTP (Host) and HTTPS (SNI) through by name, wildcards included, and
+refuses the rest, a direct-IP bypass and a name that resolves into a private range
+included; with an egressProxy, the TCP the order accepts goes through a real SOCKS5 server
+(Dante; with credentials; over TLS through stunnel), and fails closed when it is dead.
 
 The test internet (tests/support/internet.py) holds a DNS server (dnsmasq) answering for
 `*.aenv.test`, and HTTP and HTTPS servers (a certificate of a test CA) on ports 80 and 443
@@ -21,6 +23,7 @@ from e2b import Sandbox
 
 from aenv.network import netns as ns
 from tests.support import census
+from tests.support.guest import held_connection
 from tests.support.internet import (
     Dnsmasq,
     HttpServer,
@@ -28,6 +31,7 @@ from tests.support.internet import (
     internet_namespace,
     slots_forwarding,
 )
+from tests.support.socks import PASSWORD, USER, Dante, Stunnel
 from tests.support.tls import make_certs
 
 from .conftest import NodeProcess, running_node
@@ -37,6 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 BODY = b"hello by name\n"
 DOMAIN = "aenv.test"
 SBX_DOMAIN = f"sbx.{DOMAIN}"  # the node's sandbox URLs: <port>-<id>.sbx.aenv.test
+PEER_PORT = 8081
 
 
 @dataclass
@@ -45,6 +50,17 @@ class Web:
     http: HttpServer
     https: HttpServer
     ca: str  # PEM
+    peer: int  # an HTTP server that answers with the client's address
+    peer_server: HttpServer
+    dante: Dante
+    socks: int  # Dante, no credentials
+    socks_tls: int  # stunnel in front of Dante with credentials
+
+    def peer_hosts(self) -> list[str]:
+        """Host headers the peer server saw since the last call."""
+        got = list(self.peer_server.hosts)
+        self.peer_server.hosts.clear()
+        return got
 
     def hosts(self) -> list[str]:
         """Host headers both servers saw since the last call."""
@@ -69,10 +85,17 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
         dns = ns.run_in_netns(path, Dnsmasq, inet.addr, records, tmp)
         http = ns.run_in_netns(path, HttpServer, 80, BODY, inet.addr)
         https = ns.run_in_netns(path, HttpServer, 443, BODY, inet.addr, tls)
+        peer = ns.run_in_netns(path, HttpServer, PEER_PORT, str.encode, inet.addr)
+        dante = ns.run_in_netns(path, Dante, inet.addr, 1080, tmp,
+                                hosts={f"api.{DOMAIN}": inet.addr})  # fmt: skip
+        creds = ns.run_in_netns(path, Dante, inet.addr, 1081, tmp, credentials=True)
+        stunnel = ns.run_in_netns(path, Stunnel, inet.addr, 1443, f"{inet.addr}:1081",
+                                  certs.cert, certs.key, tmp)  # fmt: skip
         try:
-            yield Web(inet, http, https, certs.ca.read_text())
+            yield Web(inet, http, https, certs.ca.read_text(), PEER_PORT, peer, dante, 1080,
+                      1443)
         finally:
-            for s in (http, https, dns):
+            for s in (http, https, dns, peer, stunnel, creds, dante):
                 s.close()
 
 
@@ -215,3 +238,65 @@ def test_a_sandbox_reaches_another_by_its_url_through_the_node_and_its_rules(
     finally:
         for sbx in (served, tokened, opened, closed):
             sbx.kill()
+
+
+def test_tcp_goes_through_the_egress_proxy_plain_with_credentials_and_over_tls(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    url = f"http://{web.inet.addr}:{web.peer}/"  # answers with the address it was reached from
+    sbx = Sandbox.create(timeout=120, network={
+        "egress_proxy": {"address": f"{web.inet.addr}:{web.socks}"}})
+    try:
+        before = web.dante.connects()
+        assert _curl(sbx, url) == web.inet.addr  # Dante's own address, not the slot's
+        assert web.dante.connects() == before + 1
+        tls = {"address": f"{web.inet.addr}:{web.socks_tls}", "username": USER,
+               "password": PASSWORD, "tls": {"server_name": DOMAIN, "ca_cert": web.ca}}
+        sbx.update_network({"egress_proxy": tls})
+        assert _curl(sbx, url) == web.inet.addr
+        info = sbx.get_info().network
+        assert info is not None
+        assert info["egress_proxy"] == {"address": tls["address"], "username": USER,
+                                        "tls": {"server_name": DOMAIN}}  # fmt: skip
+        # Credentials that do not pass, or a certificate that does not verify: closed.
+        for bad in ({**tls, "password": "wrong"}, {**tls, "tls": True}):
+            sbx.update_network({"egress_proxy": bad})
+            assert _curl(sbx, url).startswith("failed"), bad
+        # Open tunnels follow updates: reset when their proxy changes or their destination
+        # closes; left alone, they complete.
+        plain = {"egress_proxy": {"address": f"{web.inet.addr}:{web.socks}"}}
+        sbx.update_network(plain)
+        addr, port = web.inet.addr, web.peer
+        assert held_connection(sbx, addr, port) == "got HTTP/1.0 200 OK"
+        assert held_connection(sbx, addr, port, lambda: sbx.update_network(
+            {"egress_proxy": tls})) == "ECONNRESET"
+        assert held_connection(sbx, addr, port, lambda: sbx.update_network(
+            {**plain, "deny_out": [addr]})) == "ECONNRESET"
+        sbx.update_network({})  # no proxy: direct again, from the slot's address
+        before = web.dante.connects()
+        assert _curl(sbx, url).startswith("198.18.") and web.dante.connects() == before
+    finally:
+        sbx.kill()
+
+
+def test_a_dead_egress_proxy_fails_closed_and_names_go_through_it(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    url = f"http://{web.inet.addr}:{web.peer}/"
+    dead = Sandbox.create(timeout=120, network={
+        "egress_proxy": {"address": f"{web.inet.addr}:1099"}})
+    named = Sandbox.create(timeout=120, network={
+        "allow_out": [f"api.{DOMAIN}"], "deny_out": ["0.0.0.0/0"],
+        "dns_servers": [web.inet.addr],
+        "egress_proxy": {"address": f"{web.inet.addr}:{web.socks}"}})  # fmt: skip
+    try:
+        web.peer_hosts()
+        assert _curl(dead, url).startswith("failed")
+        assert web.peer_hosts() == []  # nothing went out directly
+        named.files.write("/tmp/ca.pem", web.ca)
+        before = web.dante.connects()
+        web.hosts()
+        assert _curl(named, f"https://api.{DOMAIN}/") == BODY.decode()
+        assert _curl(named, f"https://other.{DOMAIN}/").startswith("failed")
+        assert web.hosts() == [f"api.{DOMAIN}"] and web.dante.connects() == before + 1
+    finally:
+        dead.kill()
+        named.kill()

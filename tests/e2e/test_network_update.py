@@ -9,8 +9,6 @@ veths only, so nothing leaves the machine."""
 
 from __future__ import annotations
 
-import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 from e2b import Sandbox
 
 from tests.support import census
+from tests.support.guest import held_connection
 from tests.support.internet import (
     Internet,
     free_port,
@@ -89,52 +88,16 @@ def test_public_destinations_are_open_by_default_and_false_closes_them(
         closed.kill()
 
 
-# Holds one connection to the server open (a request begun), until /tmp/go appears; then
-# finishes the request and writes what came back, or the error, to /tmp/r.
-HOLD = textwrap.dedent("""
-    import errno, os, socket, sys, time
-    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
-    s.sendall(b"GET / HTTP/1.1\\r\\n")
-    open("/tmp/c", "w").write("up")
-    while not os.path.exists("/tmp/go"):
-        time.sleep(0.05)
-    try:
-        s.sendall(b"Host: x\\r\\n\\r\\n")
-        r = "got " + s.recv(64).decode(errors="replace").split("\\r\\n")[0]
-    except OSError as e:
-        r = errno.errorcode.get(e.errno, str(e))
-    open("/tmp/r", "w").write(r)
-""")
-
-
-def _held_connection(sbx: Sandbox, inet: tuple[Internet, int], close_first: bool) -> str:
-    net, port = inet
-    sbx.files.write("/tmp/hold.py", HOLD)
-    sbx.commands.run("rm -f /tmp/c /tmp/go /tmp/r")
-    sbx.commands.run(f"python3 /tmp/hold.py {net.addr} {port}", background=True, timeout=0)
-    _until(lambda: sbx.commands.run("cat /tmp/c 2>/dev/null || true").stdout == "up")
-    if close_first:
-        sbx.update_network({"deny_out": [net.addr]})
-    sbx.commands.run("touch /tmp/go")
-    _until(lambda: sbx.commands.run("cat /tmp/r 2>/dev/null || true").stdout != "")
-    return sbx.commands.run("cat /tmp/r").stdout
-
-
-def _until(cond: object, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-
-
 def test_an_update_closes_a_running_sandbox_open_connections_too_and_reopens_it(
     node: NodeProcess, inet: tuple[Internet, int]
 ) -> None:
     sbx = Sandbox.create(timeout=180)
     try:
         # Left alone, a held connection completes; closed meanwhile, it is reset.
-        assert _held_connection(sbx, inet, close_first=False) == "got HTTP/1.0 200 OK"
-        assert _held_connection(sbx, inet, close_first=True) == "ECONNRESET"
+        net, port = inet
+        assert held_connection(sbx, net.addr, port) == "got HTTP/1.0 200 OK"
+        assert held_connection(sbx, net.addr, port, lambda: sbx.update_network(
+            {"deny_out": [net.addr]})) == "ECONNRESET"
         assert not _reachable(sbx, inet)  # a new one is dropped
         assert sbx.get_info().network == {"allow_out": [], "deny_out": [f"{inet[0].addr}/32"],
                                           "allow_public_traffic": True}

@@ -2,9 +2,10 @@
 ones, and stunnel in front of one for SOCKS over TLS. Started in the namespace of the
 calling thread (ns.run_in_netns), as the test internet's servers are.
 
-Dante checks a username against the system's password files. The credentialed one runs in
-a mount namespace of its own (unshare -m) in which /etc/passwd and /etc/shadow are
-bind-mounted copies holding the test user, so the host's files are never touched."""
+Dante checks a username against the system's password files, and resolves names (a CONNECT
+by name) with the system's resolver. So it runs in a mount namespace of its own (unshare -m)
+in which /etc/passwd, /etc/shadow and /etc/hosts are bind-mounted copies holding the test
+user and the test names: the host's files are never touched."""
 
 from __future__ import annotations
 
@@ -27,22 +28,29 @@ def _dante_conf(addr: str, port: int, method: str) -> str:
 class Dante:
     """danted on `addr`:`port`; with `credentials`, it takes USER/PASSWORD only."""
 
-    def __init__(self, addr: str, port: int, workdir: Path, credentials: bool = False) -> None:
+    def __init__(self, addr: str, port: int, workdir: Path, credentials: bool = False,
+                 hosts: dict[str, str] | None = None) -> None:  # fmt: skip
+        """`hosts`: name -> address, what a CONNECT by name resolves to."""
         self.log = workdir / f"danted-{port}.log"
         conf = workdir / f"danted-{port}.conf"
         conf.write_text(_dante_conf(addr, port, "username" if credentials else "none"))
-        argv = ["danted", "-f", str(conf), "-p", str(workdir / f"danted-{port}.pid")]
+        files = {"hosts": Path("/etc/hosts").read_text() + "".join(
+            f"{a} {name}\n" for name, a in (hosts or {}).items())}
         if credentials:
-            passwd, shadow = workdir / "passwd", workdir / "shadow"
             hashed = subprocess.run(["openssl", "passwd", "-6", PASSWORD], check=True,
                                     capture_output=True, text=True).stdout.strip()  # fmt: skip
-            passwd.write_text(Path("/etc/passwd").read_text()
-                              + f"{USER}:x:0:0::/nonexistent:/bin/false\n")  # fmt: skip
-            shadow.write_text(Path("/etc/shadow").read_text() + f"{USER}:{hashed}:19000::::::\n")
-            shadow.chmod(0o600)
-            argv = ["unshare", "-m", "sh", "-c",
-                    f"mount --bind {passwd} /etc/passwd && mount --bind {shadow} /etc/shadow "
-                    f"&& exec {' '.join(argv)}"]  # fmt: skip
+            files["passwd"] = (Path("/etc/passwd").read_text()
+                               + f"{USER}:x:0:0::/nonexistent:/bin/false\n")  # fmt: skip
+            files["shadow"] = Path("/etc/shadow").read_text() + f"{USER}:{hashed}:19000::::::\n"
+        binds = []
+        for name, text in files.items():
+            copy = workdir / f"danted-{port}.{name}"
+            copy.write_text(text)
+            copy.chmod(0o600 if name == "shadow" else 0o644)
+            binds.append(f"mount --bind {copy} /etc/{name}")
+        dante = f"exec danted -f {conf} -p {workdir / f'danted-{port}.pid'}"
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                " && ".join([*binds, dante])]  # fmt: skip
         self.proc = daemons.start_listening(argv, addr, port, self.log)
 
     def connects(self) -> int:

@@ -69,11 +69,11 @@ async def _relay_streams(conn: socket.socket, up: Tunnel, head: bytes) -> None:
     uw, ur = up.writer, up.reader
 
     async def out() -> None:
-        data = head
-        while data:
+        if head:
+            uw.write(head)
+        while data := await reader.read(CHUNK):
             uw.write(data)
             await uw.drain()
-            data = await reader.read(CHUNK)
 
     async def back() -> None:
         while data := await ur.read(CHUNK):

@@ -83,7 +83,9 @@ class SocksProxy:
         if self.username is not None:
             d["username"] = self.username
         if self.tls:
-            d["tls"] = {"serverName": self.server_name} if self.server_name else {}
+            d["tls"] = {"enabled": True}
+            if self.server_name:
+                d["tls"]["serverName"] = self.server_name
         return d
 
     @property

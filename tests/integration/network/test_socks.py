@@ -121,4 +121,4 @@ def test_configs_round_trip(tmp_path: Path) -> None:
                tls={"enabled": True, "serverName": "s.example", "caCert": None})
     assert SocksProxy.from_request(p.to_json()) == p
     assert p.info() == {"address": "127.0.0.1:1080", "username": "u",
-                        "tls": {"serverName": "s.example"}}
+                        "tls": {"enabled": True, "serverName": "s.example"}}

@@ -86,11 +86,12 @@ async def test_an_egress_proxy_is_kept_and_reported_without_its_secrets(
              "tls": {"enabled": True, "serverName": "socks.example.com"}}  # fmt: skip
     sid = (await create(client, network={"egressProxy": proxy}))["sandboxID"]
     p = runtime.inits[sid].egress.egress_proxy
-    assert p is not None and (p.host, p.port, p.username, p.password) == ("1.2.3.4", 1080, "u", "pw")
+    assert p is not None
+    assert (p.host, p.port, p.username, p.password) == ("1.2.3.4", 1080, "u", "pw")
     assert p.tls and p.server_name == "socks.example.com"
     got = (await client.get(f"/sandboxes/{sid}")).json()["network"]["egressProxy"]
-    assert got == {"address": "1.2.3.4:1080", "username": "u",
-                   "tls": {"serverName": "socks.example.com"}}  # never the password or CA
+    assert got == {"address": "1.2.3.4:1080", "username": "u",  # never the password or CA
+                   "tls": {"enabled": True, "serverName": "socks.example.com"}}
     r = await client.put(f"/sandboxes/{sid}/network", json={})  # an update replaces it
     assert r.status_code == 204 and runtime.egress[sid].egress_proxy is None
     assert "egressProxy" not in (await client.get(f"/sandboxes/{sid}")).json()["network"]
