@@ -116,6 +116,9 @@ class Config(BaseModel):
     # `*.<domain>` (PEM, with its chain) and its key. Then clients need only E2B_DOMAIN.
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # The key that encrypts secrets at rest (32 random bytes, made on first use at
+    # <data_dir>/secrets.key unless named). Every node of a cluster needs the same one.
+    secrets_key_file: Path | None = None
 
     accel: Literal["auto", "kvm", "tcg"] = "auto"
     qemu_binary: str = "qemu-system-x86_64"
@@ -233,7 +236,8 @@ class Config(BaseModel):
             raise ValueError("tls_cert_file and tls_key_file go together")
         return self
 
-    @field_validator("data_dir", "kernel_path", "tls_cert_file", "tls_key_file", mode="after")
+    @field_validator("data_dir", "kernel_path", "tls_cert_file", "tls_key_file",
+                     "secrets_key_file", mode="after")
     @classmethod
     def _absolute(cls, v: Path | None) -> Path | None:
         return v.expanduser().absolute() if v is not None else None
@@ -277,6 +281,7 @@ _SIMPLE_ENV = {
     "DOMAIN": "domain",
     "TLS_CERT_FILE": "tls_cert_file",
     "TLS_KEY_FILE": "tls_key_file",
+    "SECRETS_KEY_FILE": "secrets_key_file",
     "ACCEL": "accel",
     "QEMU_BINARY": "qemu_binary",
     "KERNEL_PATH": "kernel_path",

@@ -25,6 +25,7 @@ from aenv.api import (
     logs,
     metrics,
     sandboxes,
+    secrets,
     snapshots,
     system,
     templates,
@@ -40,6 +41,8 @@ from aenv.images.context import ContextStore
 from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
 from aenv.orchestrator.service import Orchestrator
+from aenv.secrets.store import SecretStore
+from aenv.secrets.vault import Vault, key_path, load_key
 
 if TYPE_CHECKING:
     from aenv.cluster.node import NodeMembership
@@ -67,6 +70,7 @@ def build_api(node: Node) -> FastAPI:
     api.state.cluster_token = node.config.cluster.token
     api.state.proxy = node.proxy
     api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
+    api.state.secrets = None  # the node's SecretStore, once started
     errors.install(api)
     api.include_router(system.router)
     api.include_router(internal.router)
@@ -76,6 +80,7 @@ def build_api(node: Node) -> FastAPI:
     api.include_router(builds.router)  # before the catch-all /templates/{id:path} routes
     api.include_router(snapshots.router)
     api.include_router(templates.router)
+    api.include_router(secrets.router)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
     return api
 
@@ -111,9 +116,13 @@ class Node:
         self._health = _HEALTH
         self._started = False
         self.membership: NodeMembership | None = None
+        self.secrets: SecretStore | None = None
 
     async def start(self) -> None:
         await self.orchestrator.start()
+        # In the node's database (which the orchestrator made), under the node's key.
+        self.secrets = SecretStore(self.config.db_path, Vault(load_key(key_path(self.config))))
+        self.api.state.secrets = self.secrets
         if self.config.cluster.etcd_endpoints:
             from aenv.cluster.node import NodeMembership  # a standalone node needs no etcd
 
@@ -144,6 +153,8 @@ class Node:
                 await self.builds.close()  # their VMs go before the runtime does
             await self.orchestrator.close()
         finally:
+            if self.secrets is not None:
+                self.secrets.close()
             try:
                 if self.membership is not None:
                     await self.membership.close()

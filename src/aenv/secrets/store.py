@@ -1,0 +1,202 @@
+"""Secrets: named, versioned, write-only values, stored encrypted (vault.py) in the node's
+database, beside its sandboxes (one file: what removes a node's state removes them too).
+
+E2B's rules: a name is unique, lower-cased, free of `{`, `}` and control characters (it
+goes into the `${e2b.secrets.<name>}` placeholder), and never starts with `sec_`, the
+prefix of ids; an id or a name finds a secret. Every update stores a new version; readers
+that name none get the current one. Values never leave the node except into the egress
+proxy's outbound requests (`network.rules`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aenv.secrets.vault import Vault
+
+ID_PREFIX = "sec_"
+MAX_NAME = 255
+MAX_VALUE = 64 * 1024
+MAX_META_ENTRIES, MAX_META_KEY, MAX_META_VALUE, MAX_META_TOTAL = 32, 128, 1024, 8192
+MAX_LIMIT = 100
+_BAD_NAME = re.compile(r"[{}\x00-\x1f\x7f-\x9f]")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS secrets (
+    secret_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    current_version INTEGER NOT NULL,
+    metadata TEXT NOT NULL,
+    created_us INTEGER NOT NULL,
+    updated_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS secret_versions (
+    secret_id TEXT NOT NULL REFERENCES secrets(secret_id) ON DELETE CASCADE,
+    version INTEGER NOT NULL,
+    sealed BLOB NOT NULL,
+    PRIMARY KEY (secret_id, version)
+);
+"""
+
+
+class SecretError(ValueError):
+    status = 400
+
+
+class SecretNotFound(SecretError):
+    status = 404
+
+
+class SecretExists(SecretError):
+    status = 409
+
+
+@dataclass(frozen=True)
+class SecretInfo:
+    secret_id: str
+    name: str
+    version: int
+    metadata: dict[str, str]
+    created_us: int
+    updated_us: int
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise SecretError("a secret name must be a non-empty string")
+    name = name.strip().lower()
+    if len(name) > MAX_NAME or _BAD_NAME.search(name):
+        raise SecretError(f"secret name {name!r}: at most {MAX_NAME} characters, without "
+                          "'{', '}' or control characters (it goes into "
+                          "'${e2b.secrets.<name>}')")
+    if name.startswith(ID_PREFIX):
+        raise SecretError(f"secret name {name!r}: the prefix {ID_PREFIX!r} is for secret ids")
+    return name
+
+
+def _value(value: object) -> bytes:
+    if not isinstance(value, str) or not value:
+        raise SecretError("a secret value must be a non-empty string")
+    data = value.encode()
+    if len(data) > MAX_VALUE:
+        raise SecretError(f"a secret value is at most {MAX_VALUE} bytes")
+    return data
+
+
+def _metadata(meta: object) -> dict[str, str]:
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                             for k, v in meta.items()):  # fmt: skip
+        raise SecretError("secret metadata must map strings to strings")
+    if len(meta) > MAX_META_ENTRIES:
+        raise SecretError(f"secret metadata holds at most {MAX_META_ENTRIES} entries")
+    total = 0
+    for k, v in meta.items():
+        kb, vb = len(k.encode()), len(v.encode())
+        if not kb or kb > MAX_META_KEY or vb > MAX_META_VALUE:
+            raise SecretError(f"secret metadata: keys are 1 to {MAX_META_KEY} bytes, values "
+                              f"at most {MAX_META_VALUE}")
+        total += kb + vb
+    if total > MAX_META_TOTAL:
+        raise SecretError(f"secret metadata is at most {MAX_META_TOTAL} bytes in all")
+    return dict(meta)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class SecretStore:
+    def __init__(self, db_path: Path, vault: Vault) -> None:
+        self._db = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+        self._vault = vault
+
+    def close(self) -> None:
+        self._db.close()
+
+    def create(self, name: object, value: object, metadata: object = None) -> SecretInfo:
+        name, data, meta = check_name(name), _value(value), _metadata(metadata)
+        sid = ID_PREFIX + secrets.token_hex(10)
+        now = _now_us()
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("INSERT INTO secrets VALUES (?, ?, 1, ?, ?, ?)",
+                                 (sid, name, json.dumps(meta), now, now))  # fmt: skip
+                self._put_version(sid, 1, data)
+        except sqlite3.IntegrityError:
+            raise SecretExists(f"a secret named {name!r} exists") from None
+        return self.get(sid)
+
+    def update(self, ref: str, value: object, metadata: object = None) -> SecretInfo:
+        """A new version (the current one from now on); `metadata`, if given, replaces."""
+        data = _value(value)
+        meta = None if metadata is None else _metadata(metadata)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            info = self.get(ref)
+            version = info.version + 1
+            self._put_version(info.secret_id, version, data)
+            self._db.execute(
+                "UPDATE secrets SET current_version=?, updated_us=?, "
+                "metadata=COALESCE(?, metadata) WHERE secret_id=?",
+                (version, _now_us(), None if meta is None else json.dumps(meta),
+                 info.secret_id))  # fmt: skip
+        return self.get(info.secret_id)
+
+    def delete(self, ref: str) -> None:
+        info = self.get(ref)
+        with self._db:
+            self._db.execute("DELETE FROM secrets WHERE secret_id=?", (info.secret_id,))
+
+    def get(self, ref: str) -> SecretInfo:
+        """By id or by name (names are matched lower-cased)."""
+        row = self._db.execute(
+            "SELECT secret_id, name, current_version, metadata, created_us, updated_us "
+            "FROM secrets WHERE secret_id=? OR name=?", (ref, ref.strip().lower())).fetchone()
+        if row is None:
+            raise SecretNotFound(f"secret {ref!r} not found")
+        return SecretInfo(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5])
+
+    def page(self, limit: int, token: str | None) -> tuple[list[SecretInfo], str | None]:
+        """Oldest first; the token of the next page, None after the last."""
+        if not 1 <= limit <= MAX_LIMIT:
+            raise SecretError(f"limit must be 1 to {MAX_LIMIT}")
+        after = (0, "")
+        if token:
+            try:
+                us, _, sid = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+                after = (int(us), sid)
+            except (ValueError, UnicodeDecodeError):
+                raise SecretError("nextToken is not one this node gave") from None
+        rows = self._db.execute(
+            "SELECT secret_id FROM secrets WHERE (created_us, secret_id) > (?, ?) "
+            "ORDER BY created_us, secret_id LIMIT ?", (*after, limit + 1)).fetchall()
+        items = [self.get(r[0]) for r in rows[:limit]]
+        more = len(rows) > limit
+        nxt = (base64.urlsafe_b64encode(f"{items[-1].created_us}:{items[-1].secret_id}"
+                                        .encode()).decode() if more else None)  # fmt: skip
+        return items, nxt
+
+    def value(self, ref: str) -> str:
+        """The current version's value: for the egress proxy only, never for the API."""
+        info = self.get(ref)
+        row = self._db.execute("SELECT sealed FROM secret_versions WHERE secret_id=? AND "
+                               "version=?", (info.secret_id, info.version)).fetchone()  # fmt: skip
+        assert row is not None
+        return self._vault.open(row[0], f"{info.secret_id}/{info.version}").decode()
+
+    def _put_version(self, sid: str, version: int, data: bytes) -> None:
+        self._db.execute("INSERT INTO secret_versions VALUES (?, ?, ?)",
+                         (sid, version, self._vault.seal(data, f"{sid}/{version}")))
