@@ -41,8 +41,6 @@ from aenv.images.context import ContextStore
 from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
 from aenv.orchestrator.service import Orchestrator
-from aenv.secrets.store import SecretStore
-from aenv.secrets.vault import Vault, key_path, load_key
 
 if TYPE_CHECKING:
     from aenv.cluster.node import NodeMembership
@@ -70,7 +68,6 @@ def build_api(node: Node) -> FastAPI:
     api.state.cluster_token = node.config.cluster.token
     api.state.proxy = node.proxy
     api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
-    api.state.secrets = None  # the node's SecretStore, once started
     errors.install(api)
     api.include_router(system.router)
     api.include_router(internal.router)
@@ -116,13 +113,9 @@ class Node:
         self._health = _HEALTH
         self._started = False
         self.membership: NodeMembership | None = None
-        self.secrets: SecretStore | None = None
 
     async def start(self) -> None:
         await self.orchestrator.start()
-        # In the node's database (which the orchestrator made), under the node's key.
-        self.secrets = SecretStore(self.config.db_path, Vault(load_key(key_path(self.config))))
-        self.api.state.secrets = self.secrets
         if self.config.cluster.etcd_endpoints:
             from aenv.cluster.node import NodeMembership  # a standalone node needs no etcd
 
@@ -153,8 +146,6 @@ class Node:
                 await self.builds.close()  # their VMs go before the runtime does
             await self.orchestrator.close()
         finally:
-            if self.secrets is not None:
-                self.secrets.close()
             try:
                 if self.membership is not None:
                     await self.membership.close()

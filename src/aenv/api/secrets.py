@@ -44,7 +44,9 @@ class Secret(BaseModel):
 
 
 def _store(request: Request) -> SecretStore:
-    return request.app.state.secrets
+    store: SecretStore | None = request.app.state.orchestrator.secrets
+    assert store is not None  # routes run between start and close
+    return store
 
 
 def _out(s: SecretInfo) -> Secret:

@@ -124,6 +124,9 @@ class GuestUnresponsive(RuntimeError_):
 class Runtime(Protocol):
     # Set by the orchestrator before start(); called from the event loop, must not block.
     on_vmm_exit: VmmExitHandler | None
+    # A secret's current value by name (the orchestrator's SecretStore.value): the egress
+    # proxy fills `network.rules` placeholders with it. Raises for an unknown one.
+    secret_value: Callable[[str], str] | None
 
     async def start(self) -> None: ...
 

@@ -114,6 +114,7 @@ class Runtime(Pausing, Cloning, Adopting):
             "primed_snapshot", cfg.primed_snapshot_pool_size, self.prime, self._destroy,
             self._watch, refill_delay_s=PRIMED_REFILL_DELAY_S)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
+        self.secret_value: Callable[[str], str] | None = None  # the orchestrator's
         self.hot = hot.HotTier(cfg, self._stop)
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
 

@@ -17,7 +17,6 @@ import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from aenv.secrets.vault import Vault
 
@@ -115,15 +114,11 @@ def _now_us() -> int:
 
 
 class SecretStore:
-    def __init__(self, db_path: Path, vault: Vault) -> None:
-        self._db = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.execute("PRAGMA foreign_keys=ON")
+    def __init__(self, db: sqlite3.Connection, vault: Vault) -> None:
+        """`db`: the node's database (orchestrator/store.py), autocommit, foreign keys on."""
+        self._db = db
         self._db.executescript(_SCHEMA)
         self._vault = vault
-
-    def close(self) -> None:
-        self._db.close()
 
     def create(self, name: object, value: object, metadata: object = None) -> SecretInfo:
         name, data, meta = check_name(name), _value(value), _metadata(metadata)
