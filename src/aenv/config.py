@@ -87,6 +87,14 @@ class NetworkConfig(BaseModel):
     # CIDRs inside the special ranges (private, 198.18/15, ...) this node treats as public
     # internet: a lab's or a test's simulated internet. Never the slot network.
     public_ranges: list[str] = Field(default_factory=list)
+    # The CA the egress proxy signs its certificates with for `network.rules` domains
+    # (PEM certificate and key; made on first use at <data_dir>/egress-ca.{pem,key} unless
+    # named). Every node of a cluster needs the same pair: guests trust it.
+    ca_cert_file: Path | None = None
+    ca_key_file: Path | None = None
+    # Extra CAs (PEM) the egress proxy trusts for the servers behind `network.rules`
+    # domains, beside the system store: a lab's or a test's private CA.
+    upstream_ca_file: Path | None = None
 
     @field_validator("public_ranges")
     @classmethod
@@ -339,6 +347,9 @@ _CLUSTER_ENV = {
 
 _NETWORK_ENV = {
     "NETWORK_INTERNET_BY_DEFAULT": "internet_by_default",
+    "NETWORK_CA_CERT_FILE": "ca_cert_file",
+    "NETWORK_CA_KEY_FILE": "ca_key_file",
+    "NETWORK_UPSTREAM_CA_FILE": "upstream_ca_file",
 }
 
 _STORE_ENV = {

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Secret
 
 from aenv.network import netns as ns
 from tests.support import census
 from tests.support.guest import held_connection
+from tests.support.host import DATA_DIR
 from tests.support.internet import (
     Dnsmasq,
     HttpServer,
@@ -50,6 +51,7 @@ class Web:
     http: HttpServer
     https: HttpServer
     ca: str  # PEM
+    ca_file: str
     peer: int  # an HTTP server that answers with the client's address
     peer_server: HttpServer
     dante: Dante
@@ -92,8 +94,8 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
         stunnel = ns.run_in_netns(path, Stunnel, inet.addr, 1443, f"{inet.addr}:1081",
                                   certs.cert, certs.key, tmp)  # fmt: skip
         try:
-            yield Web(inet, http, https, certs.ca.read_text(), PEER_PORT, peer, dante, 1080,
-                      1443)
+            yield Web(inet, http, https, certs.ca.read_text(), str(certs.ca), PEER_PORT, peer,
+                      dante, 1080, 1443)
         finally:
             for s in (http, https, dns, peer, stunnel, creds, dante):
                 s.close()
@@ -106,6 +108,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, web: Web) -> Iterator[NodePro
         with running_node(tmp_path_factory.mktemp("node"), AENV_INSTANCE=instance,
                           AENV_WARM_POOL_SIZE="0", AENV_SLOT_NETWORK="198.18.0.0/16",
                           AENV_NETWORK_PUBLIC_RANGES="198.19.0.0/16",
+                          AENV_NETWORK_UPSTREAM_CA_FILE=web.ca_file,
                           AENV_DOMAIN=SBX_DOMAIN) as n, \
                 slots_forwarding(instance):  # fmt: skip
             yield n
@@ -300,3 +303,65 @@ def test_a_dead_egress_proxy_fails_closed_and_names_go_through_it(
     finally:
         dead.kill()
         named.kill()
+
+
+SECRET_VALUE = "sk-test-0f9e8d7c6b5a-never-in-the-guest"
+SEEN_MARKER = "aenv-guest-saw-this-4b7d"
+
+
+def test_a_rule_injects_a_secret_the_guest_never_holds_and_other_tls_is_untouched(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    Secret.create("test-api-key", SECRET_VALUE)
+    auth = {"Authorization": "Bearer " + Secret.fill("test-api-key"), "X-Team": "rl"}
+    sbx = Sandbox.create(timeout=120, network={
+        "allow_out": [f"api.{DOMAIN}", f"other.{DOMAIN}"], "deny_out": ["0.0.0.0/0"],
+        "dns_servers": [web.inet.addr],
+        "rules": {f"api.{DOMAIN}": [{"transform": {"headers": auth}}]}})  # fmt: skip
+    try:
+        sbx.files.write("/tmp/ca.pem", web.ca)
+        web.https.requests.clear()
+        web.http.requests.clear()
+        # The guest trusts the node's CA through its system store (no --cacert), and Python
+        # through SSL_CERT_FILE; a header the guest sent for a ruled name is replaced.
+        plain = sbx.commands.run(f"curl -sS --max-time 20 -H 'X-Team: guest' "
+                                 f"https://api.{DOMAIN}/ || echo failed $?")  # fmt: skip
+        assert plain.stdout == BODY.decode()
+        py = sbx.commands.run("python3 -c \"import urllib.request as u; print(u.urlopen("
+                              f"'https://api.{DOMAIN}/').read().decode(), end='')\"")  # fmt: skip
+        assert py.stdout == BODY.decode()
+        assert _curl(sbx, f"http://api.{DOMAIN}/") == BODY.decode()  # HTTP too
+        seen = web.https.requests + web.http.requests
+        assert len(seen) == 3
+        assert all(r["authorization"] == f"Bearer {SECRET_VALUE}" and r["x-team"] == "rl"
+                   for r in seen), seen  # fmt: skip
+        # Another allowed name is not intercepted: the guest sees the server's own
+        # certificate (of the test CA, which only /tmp/ca.pem holds), and no header.
+        web.https.requests.clear()
+        assert _curl(sbx, f"https://other.{DOMAIN}/") == BODY.decode()
+        no_ca = sbx.commands.run(f"curl -sS --max-time 20 https://other.{DOMAIN}/ "
+                                 "2>/dev/null || echo failed $?").stdout  # fmt: skip
+        assert no_ca.startswith("failed")  # the node's CA does not vouch for it
+        assert [r.get("authorization") for r in web.https.requests] == [None]
+        # The value is nowhere the guest can reach: its processes' environments, its
+        # files, its memory (the VM's RAM file, which does hold what the guest saw).
+        sbx.commands.run(f"echo {SEEN_MARKER} > /tmp/seen && cat /tmp/seen")
+        envs = sbx.commands.run("cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | "
+                                "grep -c sk-test- || true").stdout.strip()  # fmt: skip
+        files = sbx.commands.run("grep -rl --exclude-dir=proc --exclude-dir=sys "
+                                 "--exclude-dir=dev sk-test-0f9e / 2>/dev/null | head -3"
+                                 ).stdout.strip()  # fmt: skip
+        assert (envs, files) == ("0", "")
+        assert sbx.commands.run("echo $SSL_CERT_FILE").stdout.strip() == (
+            "/etc/ssl/certs/ca-certificates.crt")
+        ram = (DATA_DIR / "sandboxes" / node.env["AENV_INSTANCE"] / sbx.sandbox_id / "memory")
+        data = ram.read_bytes()
+        assert SEEN_MARKER.encode() in data and SECRET_VALUE.encode() not in data
+        # A deleted secret: the request is answered 502 and never sent without it.
+        Secret.destroy("test-api-key")
+        web.https.requests.clear()
+        code = sbx.commands.run(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 "
+                                f"https://api.{DOMAIN}/").stdout  # fmt: skip
+        assert code == "502" and web.https.requests == []
+    finally:
+        sbx.kill()
+        Secret.destroy("test-api-key")

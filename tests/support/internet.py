@@ -122,17 +122,19 @@ class _QuietServer(http.server.ThreadingHTTPServer):
 
 class HttpServer:
     """An HTTP server answering every GET with `body`, or with `body(client address)`, and
-    recording the Host of each request; HTTPS with `tls`. Its socket lives in the namespace
-    of the thread that makes it (ns.run_in_netns)."""
+    recording the Host and the headers of each request; HTTPS with `tls`. Its socket lives
+    in the namespace of the thread that makes it (ns.run_in_netns)."""
 
     def __init__(self, port: int, body: bytes | Callable[[str], bytes],
                  addr: str = "0.0.0.0", tls: ssl.SSLContext | None = None) -> None:
         self.hosts: list[str] = []
-        hosts = self.hosts
+        self.requests: list[dict[str, str]] = []  # every request's headers (lower-case names)
+        hosts, requests = self.hosts, self.requests
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 hosts.append(self.headers.get("Host", ""))
+                requests.append({k.lower(): v for k, v in self.headers.items()})
                 data = body(self.client_address[0]) if callable(body) else body
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))

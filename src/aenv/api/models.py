@@ -37,6 +37,7 @@ class _Egress(_Body):
     denyOut: list[StrictStr] | None = None
     dnsServers: list[StrictStr] | None = None
     egressProxy: dict[str, Any] | None = None  # checked in network/socks.py
+    rules: dict[str, Any] | None = None  # checked in network/transforms.py
 
 
 class SandboxNetwork(_Egress):
@@ -73,6 +74,7 @@ class NetworkInfo(BaseModel):
     denyOut: list[str]
     dnsServers: list[str] | None = None
     egressProxy: dict[str, Any] | None = None  # never the password or the CA
+    rules: dict[str, Any] | None = None  # placeholders as given, never secret values
     allowPublicTraffic: bool = True
     maskRequestHost: str | None = None
     httpsPorts: list[int] | None = None

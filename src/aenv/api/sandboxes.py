@@ -32,6 +32,7 @@ from aenv.api.models import (
 )
 from aenv.api.takeover import take_over_if_moved
 from aenv.cluster import wire
+from aenv.network.transforms import to_json as rules_to_json
 from aenv.orchestrator.errors import Unsupported
 from aenv.orchestrator.service import CreateRequest, Orchestrator
 from aenv.orchestrator.states import PUBLIC_STATE, states_for_public
@@ -96,6 +97,8 @@ def _network_info(rec: SandboxRecord) -> NetworkInfo:
         info.dnsServers = list(e.dns_servers)
     if e.egress_proxy is not None:
         info.egressProxy = e.egress_proxy.info()
+    if e.rules:
+        info.rules = rules_to_json(e.rules)
     i = rec.ingress
     info.allowPublicTraffic = i.traffic_token is None
     if i.mask_host is not None:
@@ -165,6 +168,7 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         deny_out=list(net.denyOut or []),
         dns_servers=net.dnsServers,
         egress_proxy=net.egressProxy,
+        rules=net.rules,
         allow_public_traffic=net.allowPublicTraffic,
         mask_request_host=net.maskRequestHost,
         https_ports=net.httpsPorts,
@@ -261,7 +265,7 @@ async def update_network(request: Request, sandbox_id: str, body: SandboxNetwork
     _unsupported_network(body)
     await _orch(request).update_network(
         sandbox_id, body.allow_internet_access, body.allowOut or [], body.denyOut or [],
-        body.dnsServers, body.egressProxy)
+        body.dnsServers, body.egressProxy, body.rules)
     return Response(status_code=204)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
-from aenv.machines import adoption, agent_replies, hot
+from aenv.machines import adoption, agent_replies, guest_trust, hot
 from aenv.machines.adopting import Adopting
 from aenv.machines.agent_replies import GuestReplyError
 from aenv.machines.api import (
@@ -36,6 +36,7 @@ from aenv.machines.api import (
     VmmExitHandler,
 )
 from aenv.machines.cloning import Cloning
+from aenv.machines.guest_trust import TrustError
 from aenv.machines.machine import (
     AGENT_BOOT_TIMEOUT,
     AGENT_INIT_TIMEOUT,
@@ -53,10 +54,12 @@ from aenv.machines.pausing import Pausing
 from aenv.machines.pools import RecentPools, VmPool
 from aenv.network.egress import EgressPolicy, public_ranges
 from aenv.network.egress_proxy import EgressProxy, hairpin_of
+from aenv.network.intercept import Interceptor
+from aenv.network.interception_ca import InterceptionCA, ca_paths, upstream_context
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
-from aenv.network.tunnels import SocksTunnels
+from aenv.network.tunnels import SlotListeners, needs_listener
 from aenv.obs import VMM_EXITS, log_event
 from aenv.storage import datafs
 from aenv.storage.files import clone, remove_tree
@@ -100,7 +103,10 @@ class Runtime(Pausing, Cloning, Adopting):
         self._public = public_ranges(cfg.network.public_ranges)  # egress: "internet" here
         # Domains in allowOut, and the node's sandbox URLs from inside (egress_proxy.py).
         self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg))
-        self.tunnels = SocksTunnels()  # egressProxy: TCP through the sandbox's SOCKS5 proxy
+        # The slots' own listeners: egressProxy (SOCKS5) and network.rules (interception).
+        self.tunnels = SlotListeners(Interceptor(
+            InterceptionCA(*ca_paths(cfg)), upstream_context(cfg),
+            secret=lambda name: self._secret(name)))  # fmt: skip
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
         self._pool: VmPool[tuple[object, ...]] = VmPool(
@@ -300,17 +306,33 @@ class Runtime(Pausing, Cloning, Adopting):
             if m.stopping:
                 return False
             await self._apply_egress(m.slot, policy, fresh=False)
+            if policy.rules:
+                try:
+                    await self._trust_egress_ca(m, m.access_token)
+                except TrustError as e:
+                    raise OSError(f"the guest could not be made to trust the egress CA: {e}"
+                                  ) from e  # fmt: skip
         return True
 
+    async def _trust_egress_ca(self, m: Machine, token: str | None) -> None:
+        assert self.tunnels.interceptor is not None
+        await guest_trust.trust(m.http, m.slot.url(AGENT_PORT), token,
+                                self.tunnels.interceptor.ca.pem)  # fmt: skip
+
+    def _secret(self, name: str) -> str:
+        if self.secret_value is None:
+            raise LookupError(name)
+        return self.secret_value(name)
+
     async def _apply_egress(self, slot: Slot, policy: EgressPolicy, *, fresh: bool) -> None:
-        # The tunnel listener exists before the rules name it, and closes after they stop.
-        socks = (await self.tunnels.listen(slot.slot_addr, slot.netns_path)
-                 if policy.egress_proxy is not None and not policy.is_closed else None)  # fmt: skip
+        # The slot's listener exists before the rules name it, and closes after they stop.
+        listener = (await self.tunnels.listen(slot.slot_addr, slot.netns_path)
+                    if needs_listener(policy) else None)  # fmt: skip
         sets = await asyncio.to_thread(set_egress, slot, policy, self.cfg.slot_network,
                                        self._public, fresh=fresh,
                                        proxy=self.egress_proxy.ports,
                                        hairpin=self.egress_proxy.hairpin is not None,
-                                       socks=socks)  # fmt: skip
+                                       listener=listener)  # fmt: skip
         self.egress_proxy.admit(slot.slot_addr, policy, sets)
         self.tunnels.admit(slot.slot_addr, policy, sets)
 
@@ -344,6 +366,12 @@ class Runtime(Pausing, Cloning, Adopting):
             raise BootError(f"agent /init answered {r.status}: {r.snippet()}")
         if time.monotonic() - t0 > CLOCK_RESYNC_S:
             await self._push_clock(m)  # the guest set a time that was old by then
+        if init.egress.rules:  # before the client gets it: its first request may be ruled
+            try:
+                await self._trust_egress_ca(m, init.access_token)
+            except TrustError as e:
+                raise BootError(f"the guest could not be made to trust the egress CA: {e}"
+                                ) from e  # fmt: skip
         m.access_token = init.access_token
         # From here on a client may hold this VM: a node restart re-adopts it.
         try:

@@ -45,6 +45,8 @@ from pyroute2 import IPRoute
 from aenv.network.domains import DomainError, parse_pattern
 from aenv.network.socks import SocksConfigError, SocksProxy
 from aenv.network.socks import resolve as resolve_proxy
+from aenv.network.transforms import Rule, TransformError, parse_rules
+from aenv.network.transforms import to_json as rules_to_json
 
 Net = ipaddress.IPv4Network
 
@@ -124,21 +126,25 @@ class EgressPolicy:
     domains: tuple[str, ...] = ()  # allowOut's domain patterns (domains.py)
     # E2B's egressProxy: what the order accepts over TCP is tunnelled through it (socks.py).
     egress_proxy: SocksProxy | None = None
+    # E2B's network.rules: HTTP(S) to these domains is intercepted and rewritten.
+    rules: tuple[Rule, ...] = ()
 
     @classmethod
     def from_request(cls, internet: bool, allow_out: Sequence[object] = (),
                      deny_out: Sequence[object] = (), dns_servers: Sequence[object] | None = None,
-                     egress_proxy: object | None = None) -> EgressPolicy:  # fmt: skip
+                     egress_proxy: object | None = None, rules: object | None = None
+                     ) -> EgressPolicy:  # fmt: skip
         """From an E2B create or update body, `internet` resolved against the node's default;
         raises EgressPolicyError on entries it cannot enforce."""
         allow, domains = _parse(allow_out, "allowOut")
         deny, _ = _parse(deny_out, "denyOut")
         try:
             proxy = None if egress_proxy is None else SocksProxy.from_request(egress_proxy)
-        except SocksConfigError as e:
+            parsed = parse_rules(rules)
+        except (SocksConfigError, TransformError) as e:
             raise EgressPolicyError(str(e)) from None
         return cls(allow, deny, internet=bool(internet), dns_servers=_dns(dns_servers),
-                   domains=domains, egress_proxy=proxy)
+                   domains=domains, egress_proxy=proxy, rules=parsed)
 
     @property
     def is_closed(self) -> bool:
@@ -158,6 +164,8 @@ class EgressPolicy:
             d["dnsServers"] = list(self.dns_servers)
         if self.egress_proxy is not None:
             d["egressProxy"] = self.egress_proxy.to_json()
+        if self.rules:
+            d["rules"] = rules_to_json(self.rules)
         return d
 
     @classmethod
@@ -165,7 +173,8 @@ class EgressPolicy:
         allow, deny, dns = d.get("allowOut", []), d.get("denyOut", []), d.get("dnsServers")
         assert isinstance(allow, list) and isinstance(deny, list)
         assert dns is None or isinstance(dns, list)
-        return cls.from_request(bool(d.get("internet")), allow, deny, dns, d.get("egressProxy"))
+        return cls.from_request(bool(d.get("internet")), allow, deny, dns, d.get("egressProxy"),
+                                d.get("rules"))
 
 
 def _dns(entries: Sequence[object] | None) -> tuple[str, ...] | None:
@@ -221,6 +230,8 @@ class EgressSets:
     resolver: str = ""  # where the guest's DNS queries to its gateway go (judged as usual)
     hairpin: tuple[Net, ...] = ()  # the host's own addresses, whose TCP 80/443 goes to the
     # egress proxy for the node's sandbox URLs (else "never")
+    tunnelled: bool = False  # egressProxy: accepted TCP goes to the slot's listener
+    intercepted: bool = False  # rules: TCP 80/443 goes to the slot's listener
 
 
 def host_local_networks() -> list[Net]:
@@ -256,6 +267,8 @@ def compile_sets(policy: EgressPolicy, slot_network: str, host_local: Iterable[N
         proxied=(ALL,) if policy.domains or pin else (),
         hairpin=collapsed(host_local) if pin else (),
         resolver=policy.resolvers[0] if policy.resolvers else "",
+        tunnelled=policy.egress_proxy is not None,
+        intercepted=bool(policy.rules),
     )
 
 

@@ -37,25 +37,19 @@ import socket
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
-import dns.asyncresolver
-import dns.exception
-import dns.resolver
 from prometheus_client import Counter
 
 from aenv.config import Config
-from aenv.network.domains import MAX_HEAD, MAX_HELLO, NeedMore, http_host, matches, tls_sni
-from aenv.network.egress import EgressPolicy, EgressSets, refused_by_address
-from aenv.network.relay import Tunnel, relay_tunnel, reset
+from aenv.network.domains import matches
+from aenv.network.egress import EgressPolicy, EgressSets
+from aenv.network.relay import relay_tunnel, reset
 from aenv.network.rules import PROXIED_PORTS
-from aenv.network.socks import SocksConfigError, SocksProxy, dial, resolve
+from aenv.network.upstream import FIRST_BYTES_TIMEOUT_S, Upstream, connect, first_bytes
 
 log = logging.getLogger(__name__)
 
 CONNECTIONS = Counter("aenv_egress_proxy_connections_total",
                       "Guest connections through the egress proxy by outcome", ["outcome"])
-FIRST_BYTES_TIMEOUT_S = 10.0  # a guest that connects and says nothing holds nothing long
-RESOLVE_TIMEOUT_S = 3.0
-CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -92,17 +86,8 @@ class _Tenant:
     domains: tuple[str, ...]
     internet: bool  # public destinations are open to it, so are the node's sandbox URLs
     sets: EgressSets
-    resolver: dns.asyncresolver.Resolver
-    proxy: SocksProxy | None  # the policy's egressProxy, which allowed names are dialled through
+    up: Upstream
     conns: dict[asyncio.Task[None], str] = field(default_factory=dict)  # open, by name
-
-
-def _resolver(servers: tuple[str, ...]) -> dns.asyncresolver.Resolver:
-    r = dns.asyncresolver.Resolver(configure=False)
-    r.nameservers = list(servers)
-    r.lifetime = RESOLVE_TIMEOUT_S
-    r.cache = dns.resolver.LRUCache(1024)  # per sandbox: its servers may answer differently
-    return r
 
 
 def _is_own_peer(local: str, peer: str) -> bool:
@@ -153,11 +138,9 @@ class EgressProxy:
             self.forget(slot_addr)
             return
         old = self._tenants.get(slot_addr)
-        t = _Tenant(policy.domains, policy.internet, sets, _resolver(policy.resolvers),
-                    policy.egress_proxy)  # fmt: skip
+        t = _Tenant(policy.domains, policy.internet, sets, Upstream.of(policy, sets))
         if old is not None:
-            same_way = (old.resolver.nameservers == t.resolver.nameservers
-                        and old.proxy == t.proxy)  # fmt: skip
+            same_way = t.up.same_way(old.up)
             for task, name in old.conns.items():
                 if self._allows(t, name) and (same_way or self._pinned(name)):
                     t.conns[task] = name
@@ -213,7 +196,7 @@ class EgressProxy:
         if tenant is None:
             return _refused("no_tenant")
         try:
-            head, name = await asyncio.wait_for(_first_bytes(conn, port), FIRST_BYTES_TIMEOUT_S)
+            head, name = await asyncio.wait_for(first_bytes(conn, port), FIRST_BYTES_TIMEOUT_S)
         except (TimeoutError, OSError):
             return _refused("no_name")
         if name is None or not self._allows(tenant, name):
@@ -222,20 +205,12 @@ class EgressProxy:
         if self.hairpin is not None and self._pinned(name):
             if self.hairpin.tls != (port == 443):  # the node speaks one scheme only
                 return _refused("hairpin_scheme")
-            up = await _connect([ipaddress.IPv4Address(self.hairpin.addr)], self.hairpin.port)
+            up = await connect([ipaddress.IPv4Address(self.hairpin.addr)], self.hairpin.port)
             outcome = "hairpin"
-        elif tenant.proxy is not None:  # by name: the SOCKS proxy resolves it (ATYP domain)
-            up = await _through(tenant, name, port)
-            outcome = "tunnelled"
         else:
-            addrs = await _resolve(tenant, name)
-            allowed = [a for a in addrs if not refused_by_address(a, tenant.sets)]
-            if not allowed:
-                return _refused("unresolved" if not addrs else "address_refused")
-            up = await _connect(allowed, port)
-            outcome = "relayed"
+            up, outcome = await tenant.up.to_name(name, port)
         if up is None:
-            return _refused("connect_failed")
+            return _refused("connect_failed" if outcome in ("relayed", "tunnelled") else outcome)
         task = asyncio.current_task()
         assert task is not None
         if self._tenants.get(peer) is not tenant or not self._allows(tenant, name):
@@ -256,51 +231,3 @@ class EgressProxy:
 def _refused(outcome: str) -> bool:
     CONNECTIONS.labels(outcome).inc()
     return False
-
-
-async def _first_bytes(conn: socket.socket, port: int) -> tuple[bytes, str | None]:
-    loop = asyncio.get_running_loop()
-    parse, limit = (tls_sni, MAX_HELLO) if port == 443 else (http_host, MAX_HEAD)
-    head = b""
-    while True:
-        chunk = await loop.sock_recv(conn, 4096)
-        if not chunk:
-            return head, None
-        head += chunk
-        try:
-            return head, parse(head)
-        except NeedMore:
-            if len(head) >= limit:
-                return head, None
-
-
-async def _resolve(tenant: _Tenant, name: str) -> list[ipaddress.IPv4Address]:
-    try:
-        answer = await tenant.resolver.resolve(name, "A")
-    except (dns.exception.DNSException, OSError):
-        return []
-    return [ipaddress.IPv4Address(r.address) for r in answer]
-
-
-async def _connect(addrs: list[ipaddress.IPv4Address], port: int) -> Tunnel | None:
-    loop = asyncio.get_running_loop()
-    for a in addrs:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
-        try:
-            await asyncio.wait_for(loop.sock_connect(s, (str(a), port)), CONNECT_TIMEOUT_S)
-        except (OSError, TimeoutError):
-            s.close()
-            continue
-        return Tunnel(sock=s)
-    return None
-
-
-async def _through(tenant: _Tenant, name: str, port: int) -> Tunnel | None:
-    """A CONNECT by name through the tenant's SOCKS proxy; None if it fails (closed)."""
-    assert tenant.proxy is not None
-    try:
-        addr = await resolve(tenant.proxy, (*tenant.sets.never, *tenant.sets.special))
-        return await dial(tenant.proxy, addr, name, port)
-    except (OSError, SocksConfigError) as e:
-        log.info("egress proxy: %s:%d through %s: %s", name, port, tenant.proxy.address, e)
-        return None

@@ -62,14 +62,19 @@ table inet {TABLE} {{
     # server; empty while the slot is closed.
     map dns_map {{ type ipv4_addr : ipv4_addr; }}
     set proxy_ports {{ type inet_service; }}
-    # The slot's SOCKS tunnel listener (tunnels.py), while the policy has an egressProxy.
+    # The slot's own listener (tunnels.py): for an egressProxy (socks_map) and for rules
+    # (intercept_map), filled while the policy has them.
     map socks_map {{ type inet_proto : inet_service; }}
-    set socks_ports {{ type inet_service; }}
+    map intercept_map {{ type inet_proto : inet_service; }}
+    set listener_ports {{ type inet_service; }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
         # The host -> slot address, any TCP port, lands on the same port in the guest. Only
         # from the host itself: were the host to forward (egress), nobody else gets in.
         iifname "{up}" ip saddr {host_addr} ip daddr {slot_addr} meta l4proto tcp dnat ip to {g}
+        # With rules, HTTP and TLS go to the slot's listener, which judges and rewrites them.
+        iifname "{tap}" ip saddr {g} tcp dport {{ {ports} }} ip daddr != @never \
+            jump intercept_to
         # HTTP and TLS the address order would refuse go to the egress proxy (while the
         # policy holds a domain), which judges them by name.
         iifname "{tap}" ip saddr {g} tcp dport {{ {ports} }} jump proxy_pick
@@ -89,6 +94,9 @@ table inet {TABLE} {{
     }}
     chain socks_to {{
         meta l4proto tcp redirect to : meta l4proto map @socks_map
+    }}
+    chain intercept_to {{
+        meta l4proto tcp redirect to : meta l4proto map @intercept_map
     }}
     chain proxy_pick {{
         # The node's own addresses: its sandbox URLs (the hairpin), judged by name. Else
@@ -140,7 +148,7 @@ table inet {TABLE} {{
     chain input {{
         type filter hook input priority filter; policy accept;
         iifname "{tap}" ct state established,related accept
-        iifname "{tap}" ip saddr {g} ct status dnat tcp dport @socks_ports accept
+        iifname "{tap}" ip saddr {g} ct status dnat tcp dport @listener_ports accept
         iifname "{tap}" counter name guest_denied drop
         iifname "{up}" ip saddr != {host_addr} drop
     }}
@@ -156,17 +164,22 @@ table inet {TABLE} {{
 
 
 def egress_commands(sets: EgressSets | None, proxy: tuple[int, ...] = (),
-                    socks: int | None = None) -> str:  # fmt: skip
+                    listener: int | None = None) -> str:  # fmt: skip
     """One transaction that replaces the egress sets' contents (None: empty them all, the
     closed state of a fresh slot). `proxy`: the egress proxy's ports, one per
-    PROXIED_PORTS entry (needed while `sets.proxied` is not empty); `socks`: the slot's
-    tunnel listener, while the policy has an egressProxy."""
+    PROXIED_PORTS entry (needed while `sets.proxied` is not empty); `listener`: the slot's
+    own listener, while the policy has an egressProxy or rules."""
     lines = [f"flush set inet {TABLE} {name}" for name in EGRESS_SETS]
-    lines += [f"flush map inet {TABLE} {m}" for m in ("proxy_map", "dns_map", "socks_map")]
-    lines += [f"flush set inet {TABLE} {s}" for s in ("proxy_ports", "socks_ports")]
-    if sets is not None and socks is not None:
-        lines.append(f"add element inet {TABLE} socks_map {{ tcp : {socks} }}")
-        lines.append(f"add element inet {TABLE} socks_ports {{ {socks} }}")
+    lines += [f"flush map inet {TABLE} {m}"
+              for m in ("proxy_map", "dns_map", "socks_map", "intercept_map")]  # fmt: skip
+    lines += [f"flush set inet {TABLE} {s}" for s in ("proxy_ports", "listener_ports")]
+    if sets is not None and (sets.tunnelled or sets.intercepted):
+        if listener is None:
+            raise RulesError("the policy needs the slot's listener, which is not open")
+        lines.append(f"add element inet {TABLE} listener_ports {{ {listener} }}")
+        for m, on in (("socks_map", sets.tunnelled), ("intercept_map", sets.intercepted)):
+            if on:
+                lines.append(f"add element inet {TABLE} {m} {{ tcp : {listener} }}")
     if sets is not None:
         if sets.resolver:
             lines.append(f"add element inet {TABLE} dns_map {{ {GATEWAY_ADDR} : {sets.resolver} }}")

@@ -196,7 +196,7 @@ _ESRCH = 3  # netlink: no such route
 
 
 def _set_egress_inside(slot: Slot, sets: EgressSets | None, proxy: tuple[int, ...] = (),
-                       socks: int | None = None) -> None:  # fmt: skip
+                       listener: int | None = None) -> None:  # fmt: skip
     """Open (sets) or close (None) the slot's egress. The default route exists exactly
     while the slot may be open: it goes in before the sets are filled and out before they
     are emptied, so a slot without it was never opened and closing it costs a read of
@@ -207,7 +207,7 @@ def _set_egress_inside(slot: Slot, sets: EgressSets | None, proxy: tuple[int, ..
         if sets is not None:
             # The route out: through the host, which routes (or drops) what the rules let by.
             ipr.route("replace", dst=_DEFAULT_ROUTE, gateway=slot.host_addr)
-            apply_ruleset(egress_commands(sets, proxy, socks))
+            apply_ruleset(egress_commands(sets, proxy, listener))
             return
         try:  # no route at all while closed: a second layer under the drop rules
             ipr.route("del", dst=_DEFAULT_ROUTE)
@@ -228,12 +228,13 @@ def _has_default_route() -> bool:
 
 def set_egress(slot: Slot, policy: EgressPolicy, slot_network: str,
                public: Sequence[Net] = (), *, fresh: bool = True,
-               proxy: tuple[int, ...] = (), hairpin: bool = False, socks: int | None = None
+               proxy: tuple[int, ...] = (), hairpin: bool = False,
+               listener: int | None = None
                ) -> EgressSets | None:  # fmt: skip
     """Open the slot's egress as `policy` says, for the sandbox that holds it; `public`: the
     node's public ranges; `proxy`: the egress proxy's ports (rules.egress_commands);
     `hairpin`: whether the proxy serves the node's sandbox URLs (egress.compile_sets);
-    `socks`: the slot's tunnel listener port (tunnels.py), for an egressProxy. A
+    `listener`: the slot's own listener (tunnels.py), for an egressProxy or rules. A
     closed policy needs nothing on a `fresh` start: a slot is closed from its creation and
     from every reset; a live update (`fresh=False`) may close it. The host's local
     addresses are read now (call from the host's namespace). Returns the sets applied
@@ -245,7 +246,7 @@ def set_egress(slot: Slot, policy: EgressPolicy, slot_network: str,
         # connections then get their reset from the rules (no route would only drop).
         sets = compile_sets(policy, slot_network, host_local_networks(), public,
                             hairpin=hairpin and bool(proxy))
-        ns.run_in_netns(slot.netns_path, _set_egress_inside, slot, sets, proxy, socks)
+        ns.run_in_netns(slot.netns_path, _set_egress_inside, slot, sets, proxy, listener)
     except NetlinkError as e:  # callers see OSError (or RulesError) only
         raise OSError(e.code, f"egress of {slot.netns}: {e}") from e
     return sets

@@ -26,6 +26,7 @@ from aenv.orchestrator.requests import CreateRequest, new_access_token
 from aenv.orchestrator.routes import Ingress, IngressError
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import SandboxRecord
+from aenv.secrets.store import SecretNotFound
 
 log = logging.getLogger("aenv.orchestrator")
 S = SandboxState
@@ -36,19 +37,29 @@ class Networking:
 
     def egress_for(self, allow_internet: bool | None, allow_out: Sequence[object] = (),
                    deny_out: Sequence[object] = (), dns_servers: Sequence[object] | None = None,
-                   egress_proxy: object | None = None) -> EgressPolicy:  # fmt: skip
+                   egress_proxy: object | None = None, rules: object | None = None
+                   ) -> EgressPolicy:  # fmt: skip
         """The policy a request asks for; public destinations follow the node's default
         unless it says. InvalidRequest on entries this node cannot enforce."""
         internet = (self.config.network.internet_by_default if allow_internet is None
                     else allow_internet)  # fmt: skip
         try:
             return EgressPolicy.from_request(internet, allow_out, deny_out, dns_servers,
-                                             egress_proxy)  # fmt: skip
+                                             egress_proxy, rules)  # fmt: skip
         except EgressPolicyError as e:
             raise InvalidRequest(str(e)) from None
 
     async def check_egress(self, policy: EgressPolicy) -> None:
-        """InvalidRequest if the egressProxy does not resolve, or resolves inside."""
+        """InvalidRequest if the egressProxy does not resolve, or resolves inside, or a rule
+        names a secret that does not exist (aenv's choice: E2B would fail at the request)."""
+        for rule in policy.rules:
+            for name in sorted(rule.secret_names()):
+                try:
+                    assert self.secrets is not None
+                    self.secrets.get(name)
+                except SecretNotFound:
+                    raise InvalidRequest(f"network.rules[{rule.pattern!r}]: secret {name!r} "
+                                         "does not exist") from None
         try:
             await check_egress_proxy(policy, public_ranges(self.config.network.public_ranges))
         except EgressPolicyError as e:
@@ -66,9 +77,11 @@ class Networking:
     async def update_network(self, sandbox_id: str, allow_internet: bool | None,
                              allow_out: Sequence[object] = (), deny_out: Sequence[object] = (),
                              dns_servers: Sequence[object] | None = None,
-                             egress_proxy: object | None = None) -> SandboxRecord:
+                             egress_proxy: object | None = None, rules: object | None = None
+                             ) -> SandboxRecord:  # fmt: skip
         """Replace a running or paused sandbox's egress policy (see the module docstring)."""
-        policy = self.egress_for(allow_internet, allow_out, deny_out, dns_servers, egress_proxy)
+        policy = self.egress_for(allow_internet, allow_out, deny_out, dns_servers, egress_proxy,
+                                 rules)  # fmt: skip
         await self.check_egress(policy)
         async with self._locks.hold(sandbox_id):
             rec = self.get(sandbox_id)  # NotFound

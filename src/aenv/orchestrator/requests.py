@@ -57,6 +57,7 @@ class CreateRequest:
     deny_out: list[object] = field(default_factory=list)  # E2B network.denyOut
     dns_servers: list[object] | None = None  # E2B network.dnsServers
     egress_proxy: object | None = None  # E2B network.egressProxy (network/socks.py)
+    rules: object | None = None  # E2B network.rules (network/transforms.py)
     allow_public_traffic: bool | None = None  # E2B network.allowPublicTraffic (None: true)
     mask_request_host: str | None = None  # E2B network.maskRequestHost
     https_ports: list[object] | None = None  # E2B network.httpsPorts

@@ -311,7 +311,7 @@ class Orchestrator(Pausing, Forking, Networking):
                                  "filesystem-only pause reboots on resume, so it is resumed "
                                  "only by connect")  # fmt: skip
         egress = self.egress_for(req.allow_internet, req.allow_out, req.deny_out,
-                                 req.dns_servers, req.egress_proxy)  # fmt: skip
+                                 req.dns_servers, req.egress_proxy, req.rules)  # fmt: skip
         ingress = self.ingress_for(req)
         await self.check_egress(egress)
         info = await self._resolve(req.template)  # TemplateNotFound -> 404

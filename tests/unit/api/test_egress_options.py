@@ -50,6 +50,17 @@ Net = ipaddress.IPv4Network
     ({"egressProxy": {"address": "1.2.3.4:1080", "tls": {"enabled": False,
                                                         "serverName": "p"}}}, "no other field"),
     ({"egressProxy": {"address": "1.2.3.4:1080", "tls": {"caCert": "nope"}}}, "no PEM"),
+    ({"rules": {"api.example.com": [{"transform": {"headers": {
+        "Authorization": "Bearer ${e2b.secrets.missing}"}}}]}}, "secret 'missing' does not exist"),
+    ({"rules": {"api.example.com": [{"transform": {"headers": {
+        "Authorization": "${e2b.identity.tokens.aws}"}}}]}}, "workload identity"),
+    ({"rules": {"1.2.3.4": [{"transform": {"headers": {"a": "b"}}}]}}, "rules are by domain"),
+    ({"rules": {"api.example.com": [{"transform": {"headers": {"Host": "x"}}}]}},
+     "not a header a rule may set"),
+    ({"rules": {"api.example.com": [{"transform": {"headers": {"a": "b\r\nc: d"}}}]}},
+     "single-line"),
+    ({"rules": {"api.example.com": [{"transform": {"body": "x"}}]}}, "headers only"),
+    ({"rules": {"api.example.com": {"transform": {}}}}, "must be a list"),
 ])
 async def test_network_options_it_cannot_enforce_are_400(
     client: httpx.AsyncClient, node: Node, network: dict, text: str
@@ -95,6 +106,23 @@ async def test_an_egress_proxy_is_kept_and_reported_without_its_secrets(
     r = await client.put(f"/sandboxes/{sid}/network", json={})  # an update replaces it
     assert r.status_code == 204 and runtime.egress[sid].egress_proxy is None
     assert "egressProxy" not in (await client.get(f"/sandboxes/{sid}")).json()["network"]
+
+
+async def test_rules_are_kept_and_reported_with_placeholders_only(
+    client: httpx.AsyncClient, runtime: FakeRuntime
+) -> None:
+    r = await client.post("/secrets", json={"name": "key", "value": "s3cr3t-value"})
+    assert r.status_code == 201
+    rules = {"api.example.com": [{"transform": {"headers": {
+        "Authorization": "Bearer ${e2b.secrets.key}"}}}]}  # fmt: skip
+    sid = (await create(client, network={"allowOut": ["api.example.com"], "rules": rules}))[
+        "sandboxID"]
+    (rule,) = runtime.inits[sid].egress.rules
+    assert rule.pattern == "api.example.com" and rule.secret_names() == {"key"}
+    got = (await client.get(f"/sandboxes/{sid}")).text
+    assert "${e2b.secrets.key}" in got and "s3cr3t-value" not in got
+    assert (await client.put(f"/sandboxes/{sid}/network", json={})).status_code == 204
+    assert runtime.egress[sid].rules == ()  # an update replaces them
 
 
 async def test_domains_are_kept_normalised_reported_and_inherited(
@@ -216,8 +244,8 @@ async def test_bad_updates_are_clear_errors_and_change_nothing(
         ({"denyOut": "8.8.8.8"}, 400, "denyOut"),
         ({"dnsServers": ["nope"]}, 400, "dnsServers"),
         ({"egressProxy": {"address": "nowhere.invalid:1080"}}, 400, "does not resolve"),
-        ({"rules": {"a.example.com": [{"transform": {"headers": {"a": "b"}}}]}}, 400,
-         "network.rules"),
+        ({"rules": {"a.example.com": [{"transform": {"headers": {
+            "a": "${e2b.secrets.nope}"}}}]}}, 400, "secret 'nope' does not exist"),
         ({"allowInternetAccess": "yes"}, 400, "allowInternetAccess"),
     ]:
         assert_error(await client.put(f"/sandboxes/{sid}/network", json=body), status, text)
