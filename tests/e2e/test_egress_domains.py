@@ -365,3 +365,43 @@ def test_a_rule_injects_a_secret_the_guest_never_holds_and_other_tls_is_untouche
     finally:
         sbx.kill()
         Secret.destroy("test-api-key")
+
+
+# Answers every GET with the request's headers, one per line (an httpbin /headers of sorts).
+ECHO_HEADERS = """
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = "".join(f"{k}: {v}\\n" for k, v in self.headers.items()).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("", 8080), H).serve_forever()
+"""
+
+
+def test_a_rule_for_another_sandboxs_url_injects_headers_through_the_hairpin(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    """The SDK's test_firewall_transform_injects_headers, on this node's plain-HTTP URLs."""
+    echo = Sandbox.create(timeout=120)
+    try:
+        echo.files.write("/tmp/echo.py", ECHO_HEADERS)
+        echo.commands.run("python3 /tmp/echo.py", background=True)
+        echo.commands.run("for i in $(seq 100); do curl -s localhost:8080 >/dev/null && break; "
+                          "sleep 0.2; done")  # fmt: skip
+        host = f"8080-{echo.sandbox_id}.{SBX_DOMAIN}"
+        sbx = Sandbox.create(timeout=120, network={
+            "dns_servers": [web.inet.addr],
+            "rules": {host: [{"transform": {"headers": {"X-Test-Token": "transform-123"}}}]}})
+        try:
+            out = _curl(sbx, f"http://{host}/headers").lower()  # names are case-blind
+            assert "x-test-token: transform-123" in out, out
+            # Another sandbox URL of the node gets no header.
+            other = f"8080-{echo.sandbox_id}x.{SBX_DOMAIN}"
+            assert "x-test-token" not in _curl(sbx, f"http://{other}/").lower()
+        finally:
+            sbx.kill()
+    finally:
+        echo.kill()

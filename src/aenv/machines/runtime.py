@@ -102,11 +102,13 @@ class Runtime(Pausing, Cloning, Adopting):
         self._machines: dict[str, Machine] = {}
         self._public = public_ranges(cfg.network.public_ranges)  # egress: "internet" here
         # Domains in allowOut, and the node's sandbox URLs from inside (egress_proxy.py).
-        self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg))
-        # The slots' own listeners: egressProxy (SOCKS5) and network.rules (interception).
-        self.tunnels = SlotListeners(Interceptor(
-            InterceptionCA(*ca_paths(cfg)), upstream_context(cfg),
-            secret=lambda name: self._secret(name)))  # fmt: skip
+        # network.rules: TLS interception and request rewriting, by the slots' own listeners
+        # and, for the node's sandbox URLs, by the egress proxy.
+        interceptor = Interceptor(InterceptionCA(*ca_paths(cfg)), upstream_context(cfg),
+                                  secret=lambda name: self._secret(name))  # fmt: skip
+        self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=interceptor)
+        # The slots' own listeners: egressProxy (SOCKS5) and network.rules.
+        self.tunnels = SlotListeners(interceptor)
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
         self._pool: VmPool[tuple[object, ...]] = VmPool(

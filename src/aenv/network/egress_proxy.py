@@ -34,6 +34,7 @@ import ipaddress
 import logging
 import re
 import socket
+import ssl
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
@@ -42,8 +43,10 @@ from prometheus_client import Counter
 from aenv.config import Config
 from aenv.network.domains import matches
 from aenv.network.egress import EgressPolicy, EgressSets
+from aenv.network.intercept import Interceptor, serve_intercepted
 from aenv.network.relay import relay_tunnel, reset
 from aenv.network.rules import PROXIED_PORTS
+from aenv.network.transforms import Rule, rule_for
 from aenv.network.upstream import FIRST_BYTES_TIMEOUT_S, Upstream, connect, first_bytes
 
 log = logging.getLogger(__name__)
@@ -87,6 +90,7 @@ class _Tenant:
     internet: bool  # public destinations are open to it, so are the node's sandbox URLs
     sets: EgressSets
     up: Upstream
+    rules: tuple[Rule, ...]
     conns: dict[asyncio.Task[None], str] = field(default_factory=dict)  # open, by name
 
 
@@ -99,10 +103,16 @@ def _is_own_peer(local: str, peer: str) -> bool:
 
 
 class EgressProxy:
-    def __init__(self, host: str = "0.0.0.0", hairpin: Hairpin | None = None) -> None:
+    def __init__(self, host: str = "0.0.0.0", hairpin: Hairpin | None = None,
+                 interceptor: Interceptor | None = None) -> None:  # fmt: skip
         # Bound on every host address, yet it serves only slots it was told of (admit).
         self._host = host
         self.hairpin = hairpin
+        self.interceptor = interceptor  # rules for the node's sandbox URLs (the hairpin)
+        # The hairpin's upstream is the node's own listener: its certificate is not checked.
+        self._own_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self._own_tls.check_hostname = False
+        self._own_tls.verify_mode = ssl.CERT_NONE
         self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()  # accept loops and connections
         self._tenants: dict[str, _Tenant] = {}
@@ -138,9 +148,10 @@ class EgressProxy:
             self.forget(slot_addr)
             return
         old = self._tenants.get(slot_addr)
-        t = _Tenant(policy.domains, policy.internet, sets, Upstream.of(policy, sets))
+        t = _Tenant(policy.domains, policy.internet, sets, Upstream.of(policy, sets),
+                    policy.rules)  # fmt: skip
         if old is not None:
-            same_way = t.up.same_way(old.up)
+            same_way = t.up.same_way(old.up) and t.rules == old.rules
             for task, name in old.conns.items():
                 if self._allows(t, name) and (same_way or self._pinned(name)):
                     t.conns[task] = name
@@ -196,7 +207,9 @@ class EgressProxy:
         if tenant is None:
             return _refused("no_tenant")
         try:
-            head, name = await asyncio.wait_for(first_bytes(conn, port), FIRST_BYTES_TIMEOUT_S)
+            # Peeked, not read: an intercepted name's TLS is ended here, from its ClientHello.
+            _, name = await asyncio.wait_for(first_bytes(conn, port, peek=True),
+                                             FIRST_BYTES_TIMEOUT_S)  # fmt: skip
         except (TimeoutError, OSError):
             return _refused("no_name")
         if name is None or not self._allows(tenant, name):
@@ -217,9 +230,14 @@ class EgressProxy:
             up.close(rst=True)  # an update took it away meanwhile
             return _refused("not_allowed")
         tenant.conns[task] = name
-        CONNECTIONS.labels(outcome).inc()
+        rule = rule_for(tenant.rules, name) if self.interceptor is not None else None
+        CONNECTIONS.labels("intercepted" if rule is not None else outcome).inc()
         try:
-            await relay_tunnel(conn, up, head)
+            if rule is not None and self.interceptor is not None:
+                await serve_intercepted(conn, up, name, port == 443, rule, self.interceptor,
+                                        self._own_tls if outcome == "hairpin" else None)
+            else:
+                await relay_tunnel(conn, up)
         finally:
             # An update may have moved it to the tenant that replaced this one.
             for t in (tenant, self._tenants.get(peer)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import ssl
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from aenv.network.relay import CHUNK, Tunnel
 from aenv.network.transforms import Rule, resolve
 
 SecretLookup = Callable[[str], str]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,19 +52,20 @@ async def guest_streams(conn: socket.socket, tls: ssl.SSLContext | None
 
 
 async def intercept(guest: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                    up: Tunnel, name: str, tls: bool, rule: Rule, ic: Interceptor) -> None:
+                    up: Tunnel, name: str, tls: bool, rule: Rule, ic: Interceptor,
+                    upstream_tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
     """Serve the guest's connection (its streams, TLS ended here if `tls`) as `name`;
     raises OSError or h11 errors on a broken peer (the caller resets)."""
     gr, gw = guest
+    ctx = upstream_tls or ic.upstream_tls
     if up.sock is not None:
-        ur, uw = await asyncio.open_connection(
-            sock=up.sock, ssl=ic.upstream_tls if tls else None,
-            server_hostname=name if tls else None)  # fmt: skip
+        ur, uw = await asyncio.open_connection(sock=up.sock, ssl=ctx if tls else None,
+                                               server_hostname=name if tls else None)  # fmt: skip
     else:
         assert up.reader is not None and up.writer is not None
         ur, uw = up.reader, up.writer
         if tls:
-            await uw.start_tls(ic.upstream_tls, server_hostname=name)
+            await uw.start_tls(ctx, server_hostname=name)
     try:
         await _requests(gr, gw, ur, uw, lambda: _headers(rule, ic))
     finally:
@@ -70,6 +73,26 @@ async def intercept(guest: tuple[asyncio.StreamReader, asyncio.StreamWriter],
             w.close()
             with contextlib.suppress(OSError, ssl.SSLError):
                 await w.wait_closed()
+
+
+async def serve_intercepted(conn: socket.socket, up: Tunnel, name: str, tls: bool, rule: Rule,
+                            ic: Interceptor, upstream_tls: ssl.SSLContext | None = None
+                            ) -> None:  # fmt: skip
+    """The whole of an intercepted connection: TLS with the guest as `name` (if `tls`), the
+    requests rewritten, both sides closed at the end (reset on any failure).
+    `upstream_tls`: instead of the interceptor's (the node's own listener, for the hairpin)."""
+    try:
+        streams = await guest_streams(conn, ic.ca.server_context(name) if tls else None)
+    except (OSError, ssl.SSLError) as e:  # the guest refused the certificate, or left
+        log.debug("intercept: %s: TLS with the guest: %r", name, e)
+        up.close(rst=True)
+        return
+    try:
+        await intercept(streams, up, name, tls, rule, ic, upstream_tls)
+    except (Exception, asyncio.CancelledError) as e:  # a broken peer, or an update
+        log.debug("intercept: %s: %r", name, e)
+        up.close(rst=True)
+        streams[1].transport.abort()
 
 
 def _headers(rule: Rule, ic: Interceptor) -> list[tuple[bytes, bytes]]:

@@ -31,7 +31,6 @@ import asyncio
 import ipaddress
 import logging
 import socket
-import ssl
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ from aenv.network import netns as ns
 from aenv.network.addressing import GATEWAY_ADDR
 from aenv.network.domains import matches
 from aenv.network.egress import EgressPolicy, EgressSets, accepted_by_address
-from aenv.network.intercept import Interceptor, guest_streams, intercept
+from aenv.network.intercept import Interceptor, serve_intercepted
 from aenv.network.relay import relay_tunnel, reset
 from aenv.network.rules import PROXIED_PORTS
 from aenv.network.transforms import rule_for
@@ -207,20 +206,8 @@ class SlotListeners:
             await relay_tunnel(conn, tun)
             return True
         _count("intercepted")
-        tls = self.interceptor.ca.server_context(name) if port == 443 else None
-        try:
-            streams = await guest_streams(conn, tls)
-        except (OSError, ssl.SSLError) as e:  # the guest refused the certificate, or left
-            log.debug("slot listener: %s: TLS with the guest: %r", name, e)
-            tun.close(rst=True)
-            return True  # the transport owns the socket now
-        try:
-            await intercept(streams, tun, name, port == 443, rule, self.interceptor)
-        except (Exception, asyncio.CancelledError) as e:  # a broken peer, or an update
-            log.debug("slot listener: %s intercepted: %r", name, e)
-            tun.close(rst=True)
-            streams[1].transport.abort()
-        return True
+        await serve_intercepted(conn, tun, name, port == 443, rule, self.interceptor)
+        return True  # closed, one way or the other
 
 
 def _count(outcome: str) -> bool:
