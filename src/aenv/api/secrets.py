@@ -12,7 +12,7 @@ from aenv.api import query
 from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key
 from aenv.api.models import Error
-from aenv.secrets.store import MAX_LIMIT, SecretError, SecretInfo, SecretStore
+from aenv.secrets.store import MAX_LIMIT, SecretError, SecretInfo, Secrets
 
 router = APIRouter(
     dependencies=[Depends(require_api_key)],
@@ -43,8 +43,8 @@ class Secret(BaseModel):
     updatedAt: str
 
 
-def _store(request: Request) -> SecretStore:
-    store: SecretStore | None = request.app.state.orchestrator.secrets
+def _store(request: Request) -> Secrets:
+    store: Secrets | None = request.app.state.orchestrator.secrets
     assert store is not None  # routes run between start and close
     return store
 
@@ -55,16 +55,16 @@ def _out(s: SecretInfo) -> Secret:
                   updatedAt=query.rfc3339(s.updated_us))  # fmt: skip
 
 
-def _call(fn: Any, *args: Any) -> Any:
+async def _call(fn: Any, *args: Any) -> Any:
     try:
-        return fn(*args)
+        return await fn(*args)
     except SecretError as e:
         raise ApiError(e.status, str(e)) from None
 
 
 @router.post("/secrets", operation_id="createSecret", status_code=201)
 async def create_secret(request: Request, body: NewSecret) -> Secret:
-    return _out(_call(_store(request).create, body.name, body.value, body.metadata))
+    return _out(await _call(_store(request).create, body.name, body.value, body.metadata))
 
 
 @router.get("/secrets", operation_id="listSecrets")
@@ -73,7 +73,7 @@ async def list_secrets(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,
     nextToken: Annotated[str | None, Query()] = None,  # E2B's query key
 ) -> list[Secret]:
-    items, nxt = _call(_store(request).page, limit, nextToken)
+    items, nxt = await _call(_store(request).page, limit, nextToken)
     if nxt is not None:
         response.headers[NEXT_TOKEN_HEADER] = nxt
     return [_out(s) for s in items]
@@ -81,17 +81,17 @@ async def list_secrets(
 
 @router.get("/secrets/{secret_id}", operation_id="getSecret")
 async def get_secret(request: Request, secret_id: str) -> Secret:
-    return _out(_call(_store(request).get, secret_id))
+    return _out(await _call(_store(request).get, secret_id))
 
 
 @router.post("/secrets/{secret_id}", operation_id="updateSecret")
 async def update_secret(request: Request, secret_id: str, body: SecretUpdate) -> Secret:
     """A new version, current from now on; `metadata`, if given, replaces the old."""
-    return _out(_call(_store(request).update, secret_id, body.value, body.metadata))
+    return _out(await _call(_store(request).update, secret_id, body.value, body.metadata))
 
 
 @router.delete("/secrets/{secret_id}", operation_id="deleteSecret", status_code=204,
                response_class=Response)
 async def delete_secret(request: Request, secret_id: str) -> Response:
-    _call(_store(request).delete, secret_id)
+    await _call(_store(request).delete, secret_id)
     return Response(status_code=204)

@@ -22,9 +22,11 @@ from aenv.cluster.forgetting import EVERY_S as FORGET_EVERY_S
 from aenv.cluster.forgetting import Forgetting
 from aenv.cluster.identity import node_name, node_url
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
+from aenv.cluster.secrets import EtcdSecrets
 from aenv.cluster.sharing import Sharing, shared_names
 from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
+from aenv.secrets.vault import Vault
 from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.snapshots import SnapshotStore
 from aenv.storage.tools import tools_key
@@ -118,6 +120,16 @@ class NodeMembership:
         )  # fmt: skip
 
     async def start(self) -> None:
+        # The cluster's secrets, which every node reads (cluster/secrets.py).
+        # The cluster's secrets, which every node reads, under one key and one egress CA
+        # (cluster/secrets.py).
+        shared = EtcdSecrets(self.etcd, self.cfg.cluster.prefix, Vault(self.orch.secrets_key))
+        await shared.join(self.orch.secrets_key, explicit=self.cfg.secrets_key_file is not None)
+        runtime = self.orch.runtime
+        if hasattr(runtime, "use_egress_ca"):
+            explicit = self.cfg.network.ca_cert_file is not None
+            runtime.use_egress_ca(*await shared.join_ca(*runtime.egress_ca, explicit))
+        self.orch.secrets = shared
         await self.registration.start()
         await self.bindings.start()
         if self.sharing is not None:

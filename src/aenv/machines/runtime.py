@@ -55,7 +55,7 @@ from aenv.machines.pools import RecentPools, VmPool
 from aenv.network.egress import EgressPolicy, public_ranges
 from aenv.network.egress_proxy import EgressProxy, hairpin_of
 from aenv.network.intercept import Interceptor
-from aenv.network.interception_ca import InterceptionCA, ca_paths, upstream_context
+from aenv.network.interception_ca import InterceptionCA, ca_paths, load_ca, upstream_context
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
 from aenv.network.slot import Slot, set_egress
@@ -104,8 +104,9 @@ class Runtime(Pausing, Cloning, Adopting):
         # Domains in allowOut, and the node's sandbox URLs from inside (egress_proxy.py).
         # network.rules: TLS interception and request rewriting, by the slots' own listeners
         # and, for the node's sandbox URLs, by the egress proxy.
-        interceptor = Interceptor(InterceptionCA(*ca_paths(cfg)), upstream_context(cfg),
-                                  secret=lambda name: self._secret(name))  # fmt: skip
+        self.interceptor = Interceptor(load_ca(*ca_paths(cfg)), upstream_context(cfg),
+                                       secret=lambda name: self._secret(name))  # fmt: skip
+        interceptor = self.interceptor
         self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=interceptor)
         # The slots' own listeners: egressProxy (SOCKS5) and network.rules.
         self.tunnels = SlotListeners(interceptor)
@@ -122,7 +123,7 @@ class Runtime(Pausing, Cloning, Adopting):
             "primed_snapshot", cfg.primed_snapshot_pool_size, self.prime, self._destroy,
             self._watch, refill_delay_s=PRIMED_REFILL_DELAY_S)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
-        self.secret_value: Callable[[str], str] | None = None  # the orchestrator's
+        self.secret_value: Callable[[str], Awaitable[str]] | None = None  # the orchestrator's
         self.hot = hot.HotTier(cfg, self._stop)
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
 
@@ -317,14 +318,22 @@ class Runtime(Pausing, Cloning, Adopting):
         return True
 
     async def _trust_egress_ca(self, m: Machine, token: str | None) -> None:
-        assert self.tunnels.interceptor is not None
-        await guest_trust.trust(m.http, m.slot.url(AGENT_PORT), token,
-                                self.tunnels.interceptor.ca.pem)  # fmt: skip
+        await guest_trust.trust(m.http, m.slot.url(AGENT_PORT), token, self.interceptor.ca.pem)
 
-    def _secret(self, name: str) -> str:
+    @property
+    def egress_ca(self) -> tuple[str, str]:
+        """The egress CA's certificate and key (PEM): what guests with rules trust."""
+        return self.interceptor.ca.pem, self.interceptor.ca.key_pem
+
+    def use_egress_ca(self, cert: str, key: str) -> None:
+        """Sign with the cluster's CA from now on (cluster/secrets.py)."""
+        if cert != self.interceptor.ca.pem:
+            self.interceptor.ca = InterceptionCA(cert, key)
+
+    async def _secret(self, name: str) -> str:
         if self.secret_value is None:
             raise LookupError(name)
-        return self.secret_value(name)
+        return await self.secret_value(name)
 
     async def _apply_egress(self, slot: Slot, policy: EgressPolicy, *, fresh: bool) -> None:
         # The slot's listener exists before the rules name it, and closes after they stop.

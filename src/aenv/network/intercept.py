@@ -17,7 +17,7 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import h11
@@ -26,7 +26,7 @@ from aenv.network.interception_ca import InterceptionCA
 from aenv.network.relay import CHUNK, Tunnel
 from aenv.network.transforms import Rule, resolve
 
-SecretLookup = Callable[[str], str]
+SecretLookup = Callable[[str], Awaitable[str]]
 log = logging.getLogger(__name__)
 
 
@@ -67,7 +67,7 @@ async def intercept(guest: tuple[asyncio.StreamReader, asyncio.StreamWriter],
         if tls:
             await uw.start_tls(ctx, server_hostname=name)
     try:
-        await _requests(gr, gw, ur, uw, lambda: _headers(rule, ic))
+        await _requests(gr, gw, ur, uw, lambda: _headers(rule, ic))  # per request
     finally:
         for w in (uw, gw):
             w.close()
@@ -95,18 +95,18 @@ async def serve_intercepted(conn: socket.socket, up: Tunnel, name: str, tls: boo
         streams[1].transport.abort()
 
 
-def _headers(rule: Rule, ic: Interceptor) -> list[tuple[bytes, bytes]]:
-    def secret(n: str) -> str:
+async def _headers(rule: Rule, ic: Interceptor) -> list[tuple[bytes, bytes]]:
+    values: dict[str, str] = {}
+    for n in rule.secret_names():
         if ic.secret is None:
             raise _Refused("this node has no secrets")
         try:
-            return ic.secret(n)
+            values[n] = await ic.secret(n)
         except LookupError as e:
             raise _Refused(f"secret {n!r} is gone") from e
         except ValueError as e:  # the store's not-found is a ValueError (SecretNotFound)
             raise _Refused(str(e)) from e
-
-    return [(k.lower().encode(), v.encode()) for k, v in resolve(rule, secret)]
+    return [(k.lower().encode(), v.encode()) for k, v in resolve(rule, values.__getitem__)]
 
 
 async def _event(conn: h11.Connection, reader: asyncio.StreamReader) -> object:
@@ -120,14 +120,15 @@ async def _event(conn: h11.Connection, reader: asyncio.StreamReader) -> object:
 
 async def _requests(gr: asyncio.StreamReader, gw: asyncio.StreamWriter,
                     ur: asyncio.StreamReader, uw: asyncio.StreamWriter,
-                    extra: Callable[[], list[tuple[bytes, bytes]]]) -> None:  # fmt: skip
+                    extra: Callable[[], Awaitable[list[tuple[bytes, bytes]]]]
+                    ) -> None:  # fmt: skip
     guest, upstream = h11.Connection(h11.SERVER), h11.Connection(h11.CLIENT)
     while True:
         ev = await _event(guest, gr)
         if not isinstance(ev, h11.Request):
             return  # the guest closed
         try:
-            add = extra()
+            add = await extra()
         except _Refused as e:
             await _answer_502(guest, gw, str(e))
             return

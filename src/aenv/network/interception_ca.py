@@ -85,14 +85,12 @@ def _make_ca(cert_path: Path, key_path: Path) -> None:
 
 
 class InterceptionCA:
-    def __init__(self, cert_path: Path, key_path: Path) -> None:
-        if not cert_path.exists():
-            _make_ca(cert_path, key_path)
-        self.pem = cert_path.read_text()
-        self._cert = x509.load_pem_x509_certificate(self.pem.encode())
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    def __init__(self, cert_pem: str, key_pem: str) -> None:
+        self.pem, self.key_pem = cert_pem, key_pem
+        self._cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{key_path}: the egress CA key must be an EC key")
+            raise ValueError("the egress CA key must be an EC key")
         self._key = key
         self._leaf_key = ec.generate_private_key(ec.SECP256R1())  # one for every leaf
         self._leaf_key_pem = self._leaf_key.private_bytes(
@@ -134,6 +132,13 @@ class InterceptionCA:
             key.write_bytes(self._leaf_key_pem)
             ctx.load_cert_chain(chain, key)
         return ctx
+
+
+def load_ca(cert_path: Path, key_path: Path) -> InterceptionCA:
+    """The CA in those files, made now if there is none."""
+    if not cert_path.exists():
+        _make_ca(cert_path, key_path)
+    return InterceptionCA(cert_path.read_text(), key_path.read_text())
 
 
 def upstream_context(config: Config) -> ssl.SSLContext:

@@ -56,7 +56,7 @@ class Networking:
             for name in sorted(rule.secret_names()):
                 try:
                     assert self.secrets is not None
-                    self.secrets.get(name)
+                    await self.secrets.get(name)
                 except SecretNotFound:
                     raise InvalidRequest(f"network.rules[{rule.pattern!r}]: secret {name!r} "
                                          "does not exist") from None

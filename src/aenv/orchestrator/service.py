@@ -52,7 +52,7 @@ from aenv.orchestrator.routes import PUBLIC, Ingress, RouteTable
 from aenv.orchestrator.sandbox_logs import SandboxLogs
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
-from aenv.secrets.store import SecretStore
+from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
 
 RETRIED_CREATE_WAIT_S = 300.0  # at most this for the create a retried one waits for
@@ -95,7 +95,7 @@ class Orchestrator(Pausing, Forking, Networking):
         self._snap_refs = snaps.SnapshotRefs()
         self.shared: snaps.Shared | None = None  # set by the cluster plane (cluster/node.py)
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
-        self.secrets: SecretStore | None = None  # from start()
+        self.secrets: Secrets | None = None  # from start(); a cluster's replaces it
         # Run at close, after the last pause and VM and before the store closes: the
         # cluster's bindings then say what shutdown left (cluster/node.py).
         self.on_stopped: list[Callable[[], Awaitable[None]]] = []
@@ -109,13 +109,20 @@ class Orchestrator(Pausing, Forking, Networking):
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    async def _secret_value(self, name: str) -> str:
+        if self.secrets is None:
+            raise LookupError(name)
+        return await self.secrets.value(name)
+
     async def start(self) -> None:
         faults.arm(self.config.faults)  # crash tests only; empty: every point is a no-op
         self.store.open()
         self.logs = SandboxLogs(self.store.db)
         # Secrets live in the node's database, sealed under the node's key.
-        self.secrets = SecretStore(self.store.db, Vault(load_key(key_path(self.config))))
-        self.runtime.secret_value = self.secrets.value  # the egress proxy fills rules with it
+        self.secrets_key = load_key(key_path(self.config))
+        self.secrets = SecretStore(self.store.db, Vault(self.secrets_key))
+        # The egress proxy fills rules with them (whichever store holds them by then).
+        self.runtime.secret_value = lambda name: self._secret_value(name)
         obs.SANDBOX_EVENTS.append(self.logs.capture)
         self.runtime.on_vmm_exit = self._vmm_exited  # adopted VMs are watched too
         async with stage("node", "runtime_start"):

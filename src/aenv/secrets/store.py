@@ -17,6 +17,7 @@ import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from aenv.secrets.vault import Vault
 
@@ -80,7 +81,7 @@ def check_name(name: object) -> str:
     return name
 
 
-def _value(value: object) -> bytes:
+def check_value(value: object) -> bytes:
     if not isinstance(value, str) or not value:
         raise SecretError("a secret value must be a non-empty string")
     data = value.encode()
@@ -89,7 +90,7 @@ def _value(value: object) -> bytes:
     return data
 
 
-def _metadata(meta: object) -> dict[str, str]:
+def check_metadata(meta: object) -> dict[str, str]:
     if meta is None:
         return {}
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str)
@@ -113,6 +114,54 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+class Secrets(Protocol):
+    """Where a node's secrets live: its database (SecretStore), or its cluster's etcd
+    (cluster/secrets.py). SecretError on bad input, SecretNotFound, SecretExists."""
+
+    async def create(self, name: object, value: object, metadata: object = None
+                     ) -> SecretInfo: ...  # fmt: skip
+
+    async def update(self, ref: str, value: object, metadata: object = None
+                     ) -> SecretInfo: ...  # fmt: skip
+
+    async def delete(self, ref: str) -> None: ...
+
+    async def get(self, ref: str) -> SecretInfo: ...
+
+    async def page(self, limit: int, token: str | None
+                   ) -> tuple[list[SecretInfo], str | None]: ...  # fmt: skip
+
+    async def value(self, ref: str) -> str: ...
+
+
+def page_token(info: SecretInfo) -> str:
+    return base64.urlsafe_b64encode(f"{info.created_us}:{info.secret_id}".encode()).decode()
+
+
+def parse_page_token(token: str | None) -> tuple[int, str]:
+    """(created_us, secret_id) after which the page starts; SecretError."""
+    if not token:
+        return 0, ""
+    try:
+        us, _, sid = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        return int(us), sid
+    except (ValueError, UnicodeDecodeError):
+        raise SecretError("nextToken is not one this node gave") from None
+
+
+def check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise SecretError(f"limit must be 1 to {MAX_LIMIT}")
+
+
+def new_id() -> str:
+    return ID_PREFIX + secrets.token_hex(10)
+
+
+def check_new(name: object, value: object, metadata: object) -> tuple[str, bytes, dict[str, str]]:
+    return check_name(name), check_value(value), check_metadata(metadata)
+
+
 class SecretStore:
     def __init__(self, db: sqlite3.Connection, vault: Vault) -> None:
         """`db`: the node's database (orchestrator/store.py), autocommit, foreign keys on."""
@@ -120,9 +169,9 @@ class SecretStore:
         self._db.executescript(_SCHEMA)
         self._vault = vault
 
-    def create(self, name: object, value: object, metadata: object = None) -> SecretInfo:
-        name, data, meta = check_name(name), _value(value), _metadata(metadata)
-        sid = ID_PREFIX + secrets.token_hex(10)
+    async def create(self, name: object, value: object, metadata: object = None) -> SecretInfo:
+        name, data, meta = check_new(name, value, metadata)
+        sid = new_id()
         now = _now_us()
         try:
             with self._db:
@@ -132,15 +181,15 @@ class SecretStore:
                 self._put_version(sid, 1, data)
         except sqlite3.IntegrityError:
             raise SecretExists(f"a secret named {name!r} exists") from None
-        return self.get(sid)
+        return await self.get(sid)
 
-    def update(self, ref: str, value: object, metadata: object = None) -> SecretInfo:
+    async def update(self, ref: str, value: object, metadata: object = None) -> SecretInfo:
         """A new version (the current one from now on); `metadata`, if given, replaces."""
-        data = _value(value)
-        meta = None if metadata is None else _metadata(metadata)
+        data = check_value(value)
+        meta = None if metadata is None else check_metadata(metadata)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            info = self.get(ref)
+            info = await self.get(ref)
             version = info.version + 1
             self._put_version(info.secret_id, version, data)
             self._db.execute(
@@ -148,14 +197,14 @@ class SecretStore:
                 "metadata=COALESCE(?, metadata) WHERE secret_id=?",
                 (version, _now_us(), None if meta is None else json.dumps(meta),
                  info.secret_id))  # fmt: skip
-        return self.get(info.secret_id)
+        return await self.get(info.secret_id)
 
-    def delete(self, ref: str) -> None:
-        info = self.get(ref)
+    async def delete(self, ref: str) -> None:
+        info = await self.get(ref)
         with self._db:
             self._db.execute("DELETE FROM secrets WHERE secret_id=?", (info.secret_id,))
 
-    def get(self, ref: str) -> SecretInfo:
+    async def get(self, ref: str) -> SecretInfo:
         """By id or by name (names are matched lower-cased)."""
         row = self._db.execute(
             "SELECT secret_id, name, current_version, metadata, created_us, updated_us "
@@ -164,29 +213,19 @@ class SecretStore:
             raise SecretNotFound(f"secret {ref!r} not found")
         return SecretInfo(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5])
 
-    def page(self, limit: int, token: str | None) -> tuple[list[SecretInfo], str | None]:
+    async def page(self, limit: int, token: str | None) -> tuple[list[SecretInfo], str | None]:
         """Oldest first; the token of the next page, None after the last."""
-        if not 1 <= limit <= MAX_LIMIT:
-            raise SecretError(f"limit must be 1 to {MAX_LIMIT}")
-        after = (0, "")
-        if token:
-            try:
-                us, _, sid = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
-                after = (int(us), sid)
-            except (ValueError, UnicodeDecodeError):
-                raise SecretError("nextToken is not one this node gave") from None
+        check_limit(limit)
+        after = parse_page_token(token)
         rows = self._db.execute(
             "SELECT secret_id FROM secrets WHERE (created_us, secret_id) > (?, ?) "
             "ORDER BY created_us, secret_id LIMIT ?", (*after, limit + 1)).fetchall()
-        items = [self.get(r[0]) for r in rows[:limit]]
-        more = len(rows) > limit
-        nxt = (base64.urlsafe_b64encode(f"{items[-1].created_us}:{items[-1].secret_id}"
-                                        .encode()).decode() if more else None)  # fmt: skip
-        return items, nxt
+        items = [await self.get(r[0]) for r in rows[:limit]]
+        return items, page_token(items[-1]) if len(rows) > limit else None
 
-    def value(self, ref: str) -> str:
+    async def value(self, ref: str) -> str:
         """The current version's value: for the egress proxy only, never for the API."""
-        info = self.get(ref)
+        info = await self.get(ref)
         row = self._db.execute("SELECT sealed FROM secret_versions WHERE secret_id=? AND "
                                "version=?", (info.secret_id, info.version)).fetchone()  # fmt: skip
         assert row is not None
