@@ -405,3 +405,34 @@ def test_a_rule_for_another_sandboxs_url_injects_headers_through_the_hairpin(
             sbx.kill()
     finally:
         echo.kill()
+
+
+def test_the_host_a_guest_sees_is_masked_and_a_private_port_needs_its_token(
+        node: NodeProcess, web: Web) -> None:  # fmt: skip
+    """The SDK's test_mask_request_host and test_allow_public_traffic_false/true, through
+    this node's data plane from outside (its plain-HTTP URLs)."""
+    masked = Sandbox.create(timeout=120, network={
+        "mask_request_host": "custom-host.example.com:${PORT}"})
+    private = Sandbox.create(timeout=120, network={"allow_public_traffic": False})
+    try:
+        for sbx in (masked, private):
+            sbx.files.write("/tmp/echo.py", ECHO_HEADERS)
+            sbx.commands.run("python3 /tmp/echo.py", background=True)
+            sbx.commands.run("for i in $(seq 100); do curl -s localhost:8080 >/dev/null && "
+                             "break; sleep 0.2; done")  # fmt: skip
+
+        def get(sbx: Sandbox, **headers: str) -> httpx.Response:
+            host = f"8080-{sbx.sandbox_id}.{SBX_DOMAIN}"
+            return httpx.get(node.origin + "/", headers={"Host": host, **headers}, timeout=20)
+
+        r = get(masked)
+        assert r.status_code == 200 and "host: custom-host.example.com:8080" in r.text.lower()
+        assert get(private).status_code == 403
+        token = private.traffic_access_token
+        assert token is not None
+        r = get(private, **{"e2b-traffic-access-token": token})
+        assert r.status_code == 200
+        assert "e2b-traffic-access-token" not in r.text.lower()  # never reaches the guest
+    finally:
+        masked.kill()
+        private.kill()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox
 
+from aenv.machines import guest_trust
 from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
 from tests.support.registry import Seeded, have_tools, seeded_registry
@@ -154,5 +155,25 @@ def test_an_image_that_extends_a_templates_image_is_made_on_that_template(
     sbx = Sandbox.create(template_name, timeout=120)
     try:
         assert sbx.commands.run("cat /opt/data/new").stdout == "new"
+    finally:
+        sbx.kill()
+
+
+def test_a_sandbox_with_rules_trusts_the_egress_ca_in_a_busybox_image(
+        node: NodeProcess, seeded: Seeded, template_name: str) -> None:  # fmt: skip
+    """The image has no certificate store at all: the trust step makes one."""
+    p = aenv("pull", seeded.multi, "--name", template_name)
+    assert p.returncode == 0, p.stderr
+    rules = {"api.example.test": [{"transform": {"headers": {"X-A": "b"}}}]}
+    sbx = Sandbox.create(template_name, timeout=120, network={"rules": rules})
+    try:
+        ca = (DATA_DIR / "egress-ca.pem").read_text().strip()
+        store = sbx.commands.run(f"cat {guest_trust.BUNDLE}", user="root").stdout
+        assert ca in store
+        anchor = sbx.commands.run(f"cat {guest_trust.ANCHOR}", user="root").stdout
+        assert anchor.strip() == ca
+        env = sbx.commands.run('echo "$SSL_CERT_FILE $REQUESTS_CA_BUNDLE $NODE_EXTRA_CA_CERTS"')
+        assert env.stdout.split() == [guest_trust.BUNDLE, guest_trust.BUNDLE,
+                                      guest_trust.ANCHOR]  # fmt: skip
     finally:
         sbx.kill()

@@ -207,9 +207,11 @@ class EgressProxy:
         if tenant is None:
             return _refused("no_tenant")
         try:
-            # Peeked, not read: an intercepted name's TLS is ended here, from its ClientHello.
-            _, name = await asyncio.wait_for(first_bytes(conn, port, peek=True),
-                                             FIRST_BYTES_TIMEOUT_S)  # fmt: skip
+            # With rules, peeked rather than read: an intercepted name's TLS is ended here,
+            # from its ClientHello. Without, read and replayed (a peek costs a wake more).
+            peek = bool(tenant.rules) and self.interceptor is not None
+            head, name = await asyncio.wait_for(first_bytes(conn, port, peek=peek),
+                                                FIRST_BYTES_TIMEOUT_S)  # fmt: skip
         except (TimeoutError, OSError):
             return _refused("no_name")
         if name is None or not self._allows(tenant, name):
@@ -237,7 +239,7 @@ class EgressProxy:
                 await serve_intercepted(conn, up, name, port == 443, rule, self.interceptor,
                                         self._own_tls if outcome == "hairpin" else None)
             else:
-                await relay_tunnel(conn, up)
+                await relay_tunnel(conn, up, b"" if peek else head)
         finally:
             # An update may have moved it to the tenant that replaced this one.
             for t in (tenant, self._tenants.get(peer)):
