@@ -44,7 +44,7 @@ from aenv.config import Config
 from aenv.network.domains import matches
 from aenv.network.egress import EgressPolicy, EgressSets
 from aenv.network.intercept import Interceptor, serve_intercepted
-from aenv.network.relay import relay_tunnel, reset
+from aenv.network.relay import accept, relay_tunnel, reset
 from aenv.network.rules import PROXIED_PORTS
 from aenv.network.transforms import Rule, rule_for
 from aenv.network.upstream import FIRST_BYTES_TIMEOUT_S, Upstream, connect, first_bytes
@@ -180,15 +180,9 @@ class EgressProxy:
         t.add_done_callback(self._tasks.discard)
 
     async def _accept(self, listener: socket.socket, port: int) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            try:
-                conn, peer = await loop.sock_accept(listener)
-            except OSError as e:  # EMFILE and the like: the listener itself stays
-                log.warning("egress proxy: accept: %s", e)
-                await asyncio.sleep(0.1)
-                continue
-            self._spawn(self._serve(conn, peer[0], port))
+            conn, peer = await accept(listener, "egress proxy")
+            self._spawn(self._serve(conn, peer, port))
 
     # --- one connection ------------------------------------------------------------------
 

@@ -10,14 +10,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+log = logging.getLogger(__name__)
+
 PIPE_SIZE = 1 << 20  # per direction: what one splice moves at most
 CHUNK = 1 << 16
+
+
+async def accept(listener: socket.socket, what: str) -> tuple[socket.socket, str]:
+    """The next connection and its peer's address. EMFILE and the like are logged and
+    waited out: the listener itself stays."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            conn, peer = await loop.sock_accept(listener)
+            return conn, peer[0]
+        except OSError as e:
+            log.warning("%s: accept: %s", what, e)
+            await asyncio.sleep(0.1)
 
 
 def reset(sock: socket.socket) -> None:

@@ -42,7 +42,7 @@ from aenv.network.addressing import GATEWAY_ADDR
 from aenv.network.domains import matches
 from aenv.network.egress import EgressPolicy, EgressSets, accepted_by_address
 from aenv.network.intercept import Interceptor, serve_intercepted
-from aenv.network.relay import relay_tunnel, reset
+from aenv.network.relay import accept, relay_tunnel, reset
 from aenv.network.rules import PROXIED_PORTS
 from aenv.network.transforms import rule_for
 from aenv.network.upstream import FIRST_BYTES_TIMEOUT_S, Upstream, first_bytes
@@ -147,12 +147,7 @@ class SlotListeners:
     async def _accept(self, slot_addr: str, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            try:
-                conn, _ = await loop.sock_accept(listener)
-            except OSError as e:  # EMFILE and the like: the listener itself stays
-                log.warning("slot listener: accept: %s", e)
-                await asyncio.sleep(0.1)
-                continue
+            conn, _ = await accept(listener, "slot listener")
             s = self._slots.get(slot_addr)
             if s is None or s.listener is not listener:
                 reset(conn)
