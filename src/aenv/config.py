@@ -191,6 +191,9 @@ class Config(BaseModel):
     snapshots_path: Path | None = None
     # The node's template catalog; default: data_dir/templates (as snapshots_path).
     templates_path: Path | None = None
+    # Where volumes' data lives; default: data_dir/volumes/<instance>. Nodes of a cluster
+    # that resume or fork each other's sandboxes need one they all reach (shared storage).
+    volumes_path: Path | None = None
     # Template builds (E2B's build API): how many run at once, what their build VMs may reach
     # (CIDRs; "0.0.0.0/0" is the public internet, as E2B gives builds for apt-get and pip;
     # private and host ranges stay closed), and the largest build context archive.
@@ -268,6 +271,10 @@ class Config(BaseModel):
         return self.data_dir / "images"
 
     @property
+    def volumes_dir(self) -> Path:
+        return self.volumes_path or self.data_dir / "volumes" / self.instance
+
+    @property
     def snapshots_dir(self) -> Path:
         return self.snapshots_path or self.data_dir / "snapshots"
 
@@ -327,6 +334,7 @@ _SIMPLE_ENV = {
     "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
     "SNAPSHOTS_DIR": "snapshots_path",
     "TEMPLATES_DIR": "templates_path",
+    "VOLUMES_DIR": "volumes_path",
 }
 
 

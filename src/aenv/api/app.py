@@ -30,6 +30,7 @@ from aenv.api import (
     system,
     templates,
     uploads,
+    volumes,
 )
 from aenv.api.auth import resolve_api_key
 from aenv.api.lifespan import lifespan
@@ -78,6 +79,8 @@ def build_api(node: Node) -> FastAPI:
     api.include_router(snapshots.router)
     api.include_router(templates.router)
     api.include_router(secrets.router)
+    api.include_router(volumes.router)
+    api.include_router(volumes.content)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
     return api
 
@@ -162,6 +165,8 @@ class Node:
                 await uploads.handle(self.builds and self.builds.contexts, scope, receive, send)
             elif kind == "http" and scope["path"] == "/health" and scope["method"] == "GET":
                 await _send_bytes(send, 200, self._health)  # hot path: load balancers poll it
+            elif kind == "http" and scope["path"].startswith(volumes.CONTENT_PREFIX):
+                await self.api(scope, receive, send)  # file bodies: streamed, not capped
             elif kind == "http":
                 await self._control(scope, receive, send)
             else:

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aenv.api import volumes
 from aenv.api.apierror import ApiError
 from aenv.api.auth import key_ok
 from aenv.machines.api import RuntimeError_
@@ -76,7 +77,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # The body is parsed before dependencies run: answer 401 first for a bad key.
-        if not key_ok(request):
+        if request.url.path.startswith(volumes.CONTENT_PREFIX):
+            if not volumes.content_auth_ok(request):
+                return error_response(401, "invalid or missing volume token")
+        elif not key_ok(request):
             return error_response(401, "Invalid API key")
         return error_response(400, _validation_message(exc))
 

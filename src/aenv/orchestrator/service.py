@@ -54,6 +54,7 @@ from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, Sandb
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
+from aenv.volumes.store import Volumes, VolumeStore
 
 RETRIED_CREATE_WAIT_S = 300.0  # at most this for the create a retried one waits for
 
@@ -96,6 +97,7 @@ class Orchestrator(Pausing, Forking, Networking):
         self.shared: snaps.Shared | None = None  # set by the cluster plane (cluster/node.py)
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         self.secrets: Secrets | None = None  # from start(); a cluster's replaces it
+        self.volumes: Volumes | None = None  # from start()
         # Run at close, after the last pause and VM and before the store closes: the
         # cluster's bindings then say what shutdown left (cluster/node.py).
         self.on_stopped: list[Callable[[], Awaitable[None]]] = []
@@ -121,6 +123,7 @@ class Orchestrator(Pausing, Forking, Networking):
         # Secrets live in the node's database, sealed under the node's key.
         self.secrets_key = load_key(key_path(self.config))
         self.secrets = SecretStore(self.store.db, Vault(self.secrets_key))
+        self.volumes = VolumeStore(self.store.db, self.config.volumes_dir)
         # The egress proxy fills rules with them (whichever store holds them by then).
         self.runtime.secret_value = lambda name: self._secret_value(name)
         obs.SANDBOX_EVENTS.append(self.logs.capture)
