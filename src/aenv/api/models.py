@@ -181,6 +181,7 @@ class ListedSandbox(BaseModel):
     metadata: dict[str, str] = {}
     # aenv: a paused sandbox's tier, "hot" (its stopped VMM is kept) or "cold".
     pauseTier: Literal["hot", "cold"] | None = None
+    volumeMounts: list[dict[str, str]] | None = None  # [{name, path}], set only if any
 
 
 class SandboxDetail(ListedSandbox):

@@ -86,7 +86,8 @@ def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
         "state": PUBLIC_STATE[rec.state],
         "metadata": rec.metadata,
         "pauseTier": _orch(request).runtime.tier(rec.sandbox_id) if paused else None,
-    }
+    } | ({"volumeMounts": [{"name": n, "path": p} for n, p, _ in rec.volume_mounts]}
+         if rec.volume_mounts else {})  # fmt: skip
 
 
 def _network_info(rec: SandboxRecord) -> NetworkInfo:
@@ -135,8 +136,6 @@ def _unsupported_options(body: NewSandbox) -> None:
     _unsupported_network(body.network)
     if body.mcp:
         raise Unsupported("mcp is not supported yet")
-    if body.volumeMounts:
-        raise Unsupported("volumeMounts are not supported yet")
 
 
 def _placed_id(request: Request) -> str | None:
@@ -176,6 +175,7 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         memory_mib=body.memoryMB,
         sandbox_id=_placed_id(request),
         existing_only=request.headers.get(wire.EXISTING_HEADER) == "1",
+        volume_mounts=list(body.volumeMounts or []),
     )
     rec = await _orch(request).create(req)
     return _sandbox(request, rec)

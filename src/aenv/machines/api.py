@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from aenv.config import MachineShape
@@ -35,6 +36,13 @@ class TemplateInfo:
     fetched: bool = False  # a copy of another node's (Template.fetched)
 
 
+@dataclass(frozen=True)
+class VolumeMount:
+    name: str  # the volume's name (its export on the slot's server)
+    path: str  # where the guest mounts it
+    host_dir: Path  # its data on the node
+
+
 @dataclass
 class AgentInit:
     """What the node pushes to the agent's POST /init on create, resume and fork, and what
@@ -46,6 +54,8 @@ class AgentInit:
     default_workdir: str | None = None
     # Not sent to the agent: applied to the slot before /init (default: no egress at all).
     egress: EgressPolicy = field(default_factory=EgressPolicy)
+    # Served from the slot (volumes/server.py) before /init, which mounts what is not yet.
+    volumes: list[VolumeMount] = field(default_factory=list)
 
 
 @dataclass

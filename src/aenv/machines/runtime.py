@@ -34,6 +34,7 @@ from aenv.machines.api import (
     TemplateNotFound,
     VmmExit,
     VmmExitHandler,
+    VolumeMount,
 )
 from aenv.machines.cloning import Cloning
 from aenv.machines.guest_trust import TrustError
@@ -52,6 +53,7 @@ from aenv.machines.machine import (
 )
 from aenv.machines.pausing import Pausing
 from aenv.machines.pools import RecentPools, VmPool
+from aenv.machines.slot_volumes import SlotVolumes
 from aenv.network.egress import EgressPolicy, public_ranges
 from aenv.network.egress_proxy import EgressProxy, hairpin_of
 from aenv.network.intercept import Interceptor
@@ -110,6 +112,7 @@ class Runtime(Pausing, Cloning, Adopting):
         self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=interceptor)
         # The slots' own listeners: egressProxy (SOCKS5) and network.rules.
         self.tunnels = SlotListeners(interceptor)
+        self.volumes = SlotVolumes(cfg)  # the slots' NFS servers, for guests with volumes
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
         self._pool: VmPool[tuple[object, ...]] = VmPool(
@@ -161,6 +164,7 @@ class Runtime(Pausing, Cloning, Adopting):
         await self.slots.close_async()
         await self.egress_proxy.close()
         await self.tunnels.close()
+        await self.volumes.close()
 
     async def settle_pool(self) -> None:
         """Wait for the pools' VMs in the making: the next restore of the default shape
@@ -297,6 +301,13 @@ class Runtime(Pausing, Cloning, Adopting):
             tail = f"(unreadable: {e})"
         raise BootError(f"agent did not answer within {timeout:.0f}s ({last}); console:\n{tail}")
 
+    async def serve_volumes(self, sandbox_id: str, mounts: list[VolumeMount]) -> None:
+        """The volume server of an adopted sandbox's slot (the last node process's ended
+        with it): its guest's kernel reconnects by itself."""
+        m = self._machines.get(sandbox_id)
+        if m is not None and mounts:
+            await self.volumes.serve(m.slot, mounts)
+
     async def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> bool:
         """A live update: `policy` onto the slot of the sandbox's running or hot-paused VM.
         False if no VM of it holds a slot (paused cold): its next start applies the policy.
@@ -365,6 +376,8 @@ class Runtime(Pausing, Cloning, Adopting):
             body["accessToken"] = init.access_token
         if init.default_workdir:
             body["defaultWorkdir"] = init.default_workdir
+        if init.volumes:
+            body["aenvVolumes"] = await self.volumes.serve(m.slot, init.volumes)
         t0 = time.monotonic()
         try:
             # The whole budget for connecting too: a guest restored next to many others
@@ -412,7 +425,7 @@ class Runtime(Pausing, Cloning, Adopting):
         async with m.net_lock:  # an egress update in flight ends first
             self.egress_proxy.forget(m.slot.slot_addr)
             self.tunnels.forget(m.slot.slot_addr)
-            await self.slots.release_async(m.slot)
+            await self._give_back(m.slot)
 
     async def _destroy(self, m: Machine) -> None:
         await self._stop(m)
@@ -421,6 +434,10 @@ class Runtime(Pausing, Cloning, Adopting):
     async def _release(self, slot: Slot, workdir: Path | None) -> None:
         if workdir is not None:
             await asyncio.to_thread(remove_tree, workdir)
+        await self._give_back(slot)
+
+    async def _give_back(self, slot: Slot) -> None:
+        await self.volumes.unserve(slot)
         await self.slots.release_async(slot)
 
     def _background(self, work: Coroutine[object, object, None]) -> None:

@@ -19,6 +19,10 @@ GUEST_MAC = "06:00:a9:fe:00:15"
 TAP_MAC = "06:00:a9:fe:00:16"
 GUEST_IFNAME = "eth0"
 
+# The slot's volume server (volumes/server.py) at GATEWAY_ADDR: NFS and its MOUNT protocol.
+NFS_PORT = 2049
+NFS_MOUNT_PORT = 20048
+
 TAP_NAME = "tap0"  # inside the slot namespace, so every slot can use the same name
 NETNS_VETH = "veth0"  # namespace end of the host<->slot veth
 

@@ -21,7 +21,14 @@ import shutil
 import subprocess
 import threading
 
-from aenv.network.addressing import GATEWAY_ADDR, GUEST_ADDR, NETNS_VETH, TAP_NAME
+from aenv.network.addressing import (
+    GATEWAY_ADDR,
+    GUEST_ADDR,
+    NETNS_VETH,
+    NFS_MOUNT_PORT,
+    NFS_PORT,
+    TAP_NAME,
+)
 from aenv.network.egress import EgressSets, Net
 
 TABLE = "aenv"
@@ -149,6 +156,9 @@ table inet {TABLE} {{
         type filter hook input priority filter; policy accept;
         iifname "{tap}" ct state established,related accept
         iifname "{tap}" ip saddr {g} ct status dnat tcp dport @listener_ports accept
+        # The slot's volume server, if it has one (nothing listens otherwise: a reset).
+        iifname "{tap}" ip saddr {g} ip daddr {GATEWAY_ADDR} \
+            tcp dport {{ {NFS_PORT}, {NFS_MOUNT_PORT} }} accept
         iifname "{tap}" counter name guest_denied drop
         iifname "{up}" ip saddr != {host_addr} drop
     }}

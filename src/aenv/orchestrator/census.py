@@ -34,6 +34,7 @@ from aenv.config import INSTANCE_PATTERN, Config
 from aenv.network import netns as ns
 from aenv.network.addressing import GUEST_MAC, TAP_MAC
 from aenv.network.rules import TABLE, _nft_binary
+from aenv.orchestrator.census_volumes import volume_servers
 from aenv.orchestrator.states import HAS_VM, SandboxState
 from aenv.storage.datafs import image_path
 from aenv.vmm import cgroup
@@ -70,7 +71,8 @@ class Resource:
 
 
 KINDS = ("process", "cgroup", "netns", "tap", "nft", "link", "loop", "mount", "vmdir",
-         "instdir", "db", "staging", "forksnap", "snapshot", "buildsnap")  # fmt: skip
+         "instdir", "db", "staging", "forksnap", "snapshot", "buildsnap",
+         "volsrv")  # fmt: skip
 
 
 @dataclass
@@ -195,6 +197,8 @@ def census(cfg: Config, instance: str | None = None, *, deep: bool = True) -> Ce
         c.resources += _host_taps_and_tables()
     c.resources += _loops_and_mounts(data, vm_root, mine, shared=instance is None)
     c.resources += _vm_dirs(vm_root, mine)
+    c.resources += [Resource("volsrv", name, inst, owner, detail)
+                    for name, inst, owner, detail in volume_servers(data, mine)]  # fmt: skip
     dbs = [p for p in sorted(data.glob("*.db")) if re.fullmatch(_INST, p.stem) and mine(p.stem)]
     open_dbs = _open_by_others({db: db.stem for db in dbs})
     for db in dbs:
@@ -535,7 +539,7 @@ def _unexplained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, Sandbox
         return None  # a running runtime without a database (a test's): nothing to go by
     if kind in ("process", "cgroup"):
         return None if _vm_explained(c, r, recs, alive) else "no record with a VM owns it"
-    if kind in ("netns", "tap", "nft") and r.instance:
+    if kind in ("netns", "tap", "nft", "volsrv") and r.instance:
         return None if live else "its node is not running"
     if kind == "link":
         has_ns = any(x.name == r.owner for x in c.of("netns", inst))

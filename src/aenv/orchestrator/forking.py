@@ -234,7 +234,8 @@ class Forking:
             try:
                 results: list[SandboxHandle | BaseException] = []
                 if n or away:
-                    inits = [(k.sandbox_id, agent_init(k)) for k in kids]
+                    inits = [(k.sandbox_id, agent_init(k, self.config.volumes_dir))
+                             for k in kids]  # fmt: skip
                     async with stage("fork", "runtime_fork", sandbox_id):
                         results = await self.runtime.fork(sandbox_id, inits,
                                                           elsewhere=elsewhere)  # fmt: skip
@@ -296,7 +297,8 @@ class Forking:
                 self.store.insert(k)
             async with stage("fork", "runtime_children", snapshot_id):
                 results = await self.runtime.create_children(
-                    snapshot_id, [(k.sandbox_id, agent_init(k)) for k in kids])
+                    snapshot_id, [(k.sandbox_id, agent_init(k, self.config.volumes_dir))
+                                  for k in kids])  # fmt: skip
         except BaseException:
             for k in kids:
                 self.store.delete(k.sandbox_id, [S.CREATING])
@@ -336,6 +338,7 @@ class Forking:
             ingress=dataclasses.replace(src.ingress, traffic_token=new_access_token())
             if src.ingress.traffic_token is not None else src.ingress,
             default_user=src.default_user, default_workdir=src.default_workdir,
+            volume_mounts=list(src.volume_mounts),  # the same volumes, live (not copies)
         )  # fmt: skip
 
     def _fork_child_started(

@@ -113,7 +113,7 @@ class Pausing:
         if not self.store.transition(sid, [S.PAUSED], S.RESUMING, self.now_us()):
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
         t0 = time.perf_counter()
-        init = agent_init(rec)
+        init = agent_init(rec, self.config.volumes_dir)
         try:
             with self._boot_in_flight() if reboot else contextlib.nullcontext():
                 async with stage("resume", "runtime_reboot" if reboot else "runtime_resume",

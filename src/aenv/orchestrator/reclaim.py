@@ -53,6 +53,7 @@ class Reclaimed:
 
 def reclaim(cfg: Config, snapshots: SnapshotStore, *, live_vms: set[str],
             keep_dirs: Iterable[str], keep_slots: Iterable[str],
+            keep_volume_servers: Iterable[str] = (),
             pool_wait_ms: float = 0.0) -> Reclaimed:  # fmt: skip
     """Blocking. `live_vms`: the VM (jail) names this process runs; `keep_dirs`: VM
     directory names to keep (live VMs and sandboxes with a record); `keep_slots`: slot
@@ -71,14 +72,21 @@ def reclaim(cfg: Config, snapshots: SnapshotStore, *, live_vms: set[str],
 
     c = census(cfg, cfg.instance, deep=False)
     step("scan", [])  # finding what to reclaim: the leak census of this instance
-    step("processes", _kill([int(r.name) for r in c.of("process") if r.owner not in live_vms]))
+    served = set(keep_volume_servers)  # slot volume servers this process started
+    stale = [r for r in c.of("volsrv") if r.owner not in served]
+    step("processes", _kill([int(r.name) for r in c.of("process") if r.owner not in live_vms]
+                            + [int(r.name) for r in stale if r.name.isdigit()]))
     groups = sorted({r.owner for r in c.of("cgroup") if r.owner and r.owner not in live_vms})
     for g in groups:
         Cgroup(prefix + g).remove()
     step("cgroups", [f"cgroup:{prefix}{g}" for g in groups])
     step("network", slot_pool.reclaim_orphans(prefix, keep_slots))
     step("mounts", _unmount([r.name for r in c.of("mount")], [r.name for r in c.of("loop")]))
-    step("files", _files(cfg.sandboxes_dir, snapshots, set(keep_dirs), cfg.instance))
+    for r in stale:
+        if not r.name.isdigit():
+            remove_tree(Path(r.name))
+    step("files", _files(cfg.sandboxes_dir, snapshots, set(keep_dirs), cfg.instance)
+         + [f"volsrv:{r.name}" for r in stale if not r.name.isdigit()])
     log_event(log, "recovery.reclaim", reclaimed=len(out.items),
               **{f"{k}_ms": v for k, v in out.ms.items()})  # fmt: skip
     return out
@@ -161,5 +169,6 @@ async def reclaim_runtime(rt: Runtime, keep: Iterable[str] = ()) -> list[str]:
     done = await asyncio.to_thread(
         reclaim, rt.cfg, rt.snapshots, live_vms=rt.live_vms(),
         keep_dirs=set(keep) | rt.kept_dirs(), keep_slots=rt.slots.owned(),
+        keep_volume_servers=rt.volumes.served(),
         pool_wait_ms=(time.perf_counter() - t0) * 1000)
     return done.items

@@ -29,6 +29,7 @@ import time
 from aenv.machines.api import SandboxHandle
 from aenv.obs import log_event
 from aenv.orchestrator.node import Node
+from aenv.orchestrator.requests import agent_init
 from aenv.orchestrator.states import RECOVERY, SandboxState
 from aenv.orchestrator.store import SandboxRecord
 
@@ -73,6 +74,13 @@ async def recover(orch: Node) -> dict[str, int]:
         elif action == "adopt" and rec.sandbox_id in adopted:
             store.force_state(rec.sandbox_id, SandboxState.RUNNING, now)
             orch.routes.add(adopted[rec.sandbox_id], rec.access_token, rec.ingress)
+            serve = getattr(orch.runtime, "serve_volumes", None)
+            if rec.volume_mounts and callable(serve):  # its server ended with the last node
+                try:
+                    await serve(rec.sandbox_id,
+                                agent_init(rec, orch.config.volumes_dir).volumes)
+                except Exception:
+                    log.exception("recovery.volumes_failed")
             if rec.egress.domains or rec.egress.egress_proxy:  # the slot points at the last
                 # process's egress proxy or tunnel listener
                 try:

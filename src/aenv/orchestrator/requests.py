@@ -5,8 +5,9 @@ from __future__ import annotations
 import secrets
 import string
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from aenv.machines.api import AgentInit
+from aenv.machines.api import AgentInit, VolumeMount
 from aenv.orchestrator.store import SandboxRecord
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -33,11 +34,13 @@ def new_access_token() -> str:
     return secrets.token_hex(24)
 
 
-def agent_init(rec: SandboxRecord) -> AgentInit:
+def agent_init(rec: SandboxRecord, volumes_dir: Path) -> AgentInit:
     """What every start of `rec` (create, resume, fork child) sets up around its guest."""
     return AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars),
                      default_user=rec.default_user or "user",
-                     default_workdir=rec.default_workdir, egress=rec.egress)
+                     default_workdir=rec.default_workdir, egress=rec.egress,
+                     volumes=[VolumeMount(name=n, path=p, host_dir=volumes_dir / vid)
+                              for n, p, vid in rec.volume_mounts])  # fmt: skip
 
 
 @dataclass
@@ -66,3 +69,4 @@ class CreateRequest:
     # Chosen by a cluster gateway (which bound it to this node before asking); else new.
     sandbox_id: str | None = None
     existing_only: bool = False  # with sandbox_id: the sandbox it made, or 409 if gone
+    volume_mounts: list[object] = field(default_factory=list)  # E2B volumeMounts

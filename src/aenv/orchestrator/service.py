@@ -24,7 +24,7 @@ from aenv.machines.agent_replies import AgentMetrics
 from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
 from aenv.network.egress import EgressPolicy
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
-from aenv.orchestrator import background, recovery, space
+from aenv.orchestrator import background, mounts, recovery, space
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import (
     CapacityExhausted,
@@ -325,12 +325,14 @@ class Orchestrator(Pausing, Forking, Networking):
         ingress = self.ingress_for(req)
         await self.check_egress(egress)
         info = await self._resolve(req.template)  # TemplateNotFound -> 404
+        volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts)
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
         if req.sandbox_id is not None and (req.existing_only or self.store.get(req.sandbox_id)):
             return await self._made(req.sandbox_id)
         self._admit(shape.memory_mib, "create a sandbox")
         rec = self._new_record(req, info, shape, egress, ingress)
+        rec.volume_mounts = volume_mounts
         sid = rec.sandbox_id
         self.store.insert(rec)
         self._booting += 1
@@ -397,7 +399,7 @@ class Orchestrator(Pausing, Forking, Networking):
         self, rec: SandboxRecord, info: TemplateInfo, shape: MachineShape
     ) -> SandboxHandle:
         sid = rec.sandbox_id
-        init = agent_init(rec)
+        init = agent_init(rec, self.config.volumes_dir)
         # A snapshot (not a template): a DELETE meanwhile keeps its files until it is cloned.
         snap = info.template_id if info.template_id == info.build_id else None
         try:

@@ -82,7 +82,7 @@ _ADDED_COLUMNS = {
     "default_user": "TEXT",  # from the template's image (USER); NULL: "user"
     "default_workdir": "TEXT",  # from the template's image (WORKDIR); NULL: the user's home
     "ingress": "TEXT",  # routes.Ingress as JSON; NULL: public ports, no mask, no HTTPS
-    "volume_mounts": "TEXT",  # [{"name", "path"}] as JSON; NULL: none
+    "volume_mounts": "TEXT",  # [{"name", "path", "id"}] as JSON; NULL: none
 }
 _COLUMNS = (
     "sandbox_id", "template_id", "alias", "state", "metadata", "env_vars", "access_token",
@@ -130,8 +130,8 @@ class SandboxRecord:
     default_user: str | None = None
     default_workdir: str | None = None
     ingress: Ingress = field(default_factory=Ingress)
-    # (volume name, mount path) pairs, mounted at every start (create, resume, fork).
-    volume_mounts: list[tuple[str, str]] = field(default_factory=list)
+    # (volume name, mount path, volume id), mounted at every start (create, resume, fork).
+    volume_mounts: list[tuple[str, str, str]] = field(default_factory=list)
 
     def _row(self) -> tuple[Any, ...]:
         d = self.__dict__ | {
@@ -144,7 +144,8 @@ class SandboxRecord:
             "allow_internet": None if self.allow_internet is None else int(self.allow_internet),
             "egress": _egress_column(self.egress),
             "ingress": None if self.ingress == Ingress() else json.dumps(self.ingress.to_json()),
-            "volume_mounts": json.dumps([{"name": n, "path": p} for n, p in self.volume_mounts])
+            "volume_mounts": json.dumps([{"name": n, "path": p, "id": i}
+                                         for n, p, i in self.volume_mounts])
             if self.volume_mounts else None,
         }
         return tuple(d[c] for c in _COLUMNS)
@@ -165,7 +166,7 @@ class SandboxRecord:
         d["ingress"] = (Ingress() if d["ingress"] is None
                         else Ingress.from_json(json.loads(d["ingress"])))
         mounts = json.loads(d["volume_mounts"] or "[]")
-        d["volume_mounts"] = [(m["name"], m["path"]) for m in mounts]
+        d["volume_mounts"] = [(m["name"], m["path"], m["id"]) for m in mounts]
         return cls(**d)
 
 

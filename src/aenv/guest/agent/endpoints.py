@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import logging
 
-from . import kernel, metrics
+from . import kernel, metrics, mounts
 from .asgi import HTTPError, Request, Send, send_json, send_response
 from .options import AgentOptions
 from .state import SandboxState
@@ -78,4 +79,9 @@ async def init(state: SandboxState, options: AgentOptions, req: Request, send: S
     if "accessToken" in body:
         token = body["accessToken"]
         state.access_token = str(token) if token else None
+    if body.get("aenvVolumes"):
+        try:
+            await asyncio.to_thread(mounts.ensure, body["aenvVolumes"])
+        except mounts.MountError as e:
+            raise HTTPError(500, str(e)) from None
     await send_response(send, 204, headers=[(b"cache-control", b"no-store")])

@@ -1,0 +1,107 @@
+"""Volumes mounted into real VMs with the unmodified SDK (`Volume`, `volume_mounts=`): shared
+by two sandboxes at once, kept across a cold pause and resume and into forks, read back
+through the content API; bad mounts refused and nothing left behind.
+
+Every pause here is cold (AENV_HOT_PAUSE_S=0): the VMM ends, the slot's NFS server with it,
+and the resumed guest's kernel reconnects to a new one in another slot with the same
+file handles (volumes/server.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from e2b import NotFoundException, Sandbox, SandboxException, Volume
+
+from tests.support.guest import until
+
+from .conftest import NodeProcess, running_node
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    with running_node(tmp_path_factory.mktemp("node"), AENV_HOT_PAUSE_S="0") as n:
+        os.environ["E2B_VOLUME_API_URL"] = n.origin  # the content API, as users point it
+        try:
+            yield n
+        finally:
+            os.environ.pop("E2B_VOLUME_API_URL", None)
+
+
+def _run(sbx: Sandbox, cmd: str) -> str:
+    return sbx.commands.run(cmd, timeout=120).stdout
+
+
+def _read(vol: Volume, path: str) -> str | None:
+    try:
+        return vol.read_file(path)
+    except NotFoundException:
+        return None
+
+
+def test_two_sandboxes_share_a_volume_through_pause_resume_and_fork(node: NodeProcess) -> None:
+    vol = Volume.create("shared-data")
+    vol.write_file("/seed.txt", "from the API\n")
+    a = Sandbox.create(volume_mounts={"/mnt/data": vol})
+    b = Sandbox.create(volume_mounts={"/home/user/data": "shared-data"})  # by name
+    kids: list[Sandbox] = []
+    try:
+        assert a.get_info().volume_mounts == [{"name": "shared-data", "path": "/mnt/data"}]
+        assert _run(a, "cat /mnt/data/seed.txt") == "from the API\n"
+        # The sandboxes' default user writes a fresh volume; the other sees it at once.
+        _run(a, "echo written-by-a > /mnt/data/a.txt && whoami > /mnt/data/who")
+        assert _run(b, "cat /home/user/data/a.txt") == "written-by-a\n"
+        assert vol.read_file("/who").strip() == "user"
+        _run(b, "echo written-by-b >> /home/user/data/a.txt")
+        assert vol.read_file("/a.txt") == "written-by-a\nwritten-by-b\n"
+        # A process holds a file open across the pause: it writes on after the resume.
+        a.commands.run("exec 3>>/mnt/data/log; echo before >&3; "
+                       "while [ ! -e /tmp/go ]; do sleep 0.2; done; echo after >&3",
+                       background=True)  # fmt: skip
+        until(lambda: _read(vol, "/log") == "before\n", 30)
+
+        a.pause()
+        vol.write_file("/while-paused.txt", "x")
+        _run(b, "echo b-while-a-paused > /home/user/data/b.txt")
+        a.connect()
+        assert _run(a, "cat /mnt/data/while-paused.txt /mnt/data/b.txt") == "xb-while-a-paused\n"
+        _run(a, "touch /tmp/go")
+        until(lambda: _read(vol, "/log") == "before\nafter\n", 30)
+
+        kids = a.fork(count=2)
+        for i, k in enumerate(kids):
+            _run(k, f"echo child-{i} > /mnt/data/child-{i}.txt")
+        names = sorted(e.name for e in vol.list("/"))
+        assert names == ["a.txt", "b.txt", "child-0.txt", "child-1.txt", "log", "seed.txt",
+                         "while-paused.txt", "who"]  # fmt: skip
+        assert vol.read_file("/child-1.txt") == "child-1\n"
+    finally:
+        for s in (a, b, *kids):
+            s.kill()
+    # The data outlives every sandbox that mounted it; then the volume can go.
+    assert vol.read_file("/a.txt") == "written-by-a\nwritten-by-b\n"
+    assert Volume.destroy(vol.volume_id) is True
+
+
+def test_bad_mounts_are_refused_and_leave_nothing(node: NodeProcess) -> None:
+    vol = Volume.create("checked")
+    try:
+        with pytest.raises(SandboxException, match="404: volume 'no-such-volume' not found"):
+            Sandbox.create(volume_mounts={"/mnt/x": "no-such-volume"})
+        for path in ("/etc", "/proc/x", "/", "relative", "/.aenv/bin"):
+            with pytest.raises(SandboxException, match="path"):
+                Sandbox.create(volume_mounts={path: vol})
+        sbx = Sandbox.create(volume_mounts={"/mnt/v": vol})
+        try:
+            with node.api() as c:
+                r = c.delete(f"/volumes/{vol.volume_id}")
+            assert r.status_code == 409 and "mounted" in r.json()["message"]
+        finally:
+            sbx.kill()
+    finally:
+        assert Volume.destroy(vol.volume_id) is True
+    with node.api() as c:
+        assert c.get("/v2/sandboxes").json() == []
