@@ -2,21 +2,23 @@
 by two sandboxes at once, kept across a cold pause and resume and into forks, read back
 through the content API; bad mounts refused and nothing left behind.
 
-Every pause here is cold (AENV_HOT_PAUSE_S=0): the VMM ends, the slot's NFS server with it,
-and the resumed guest's kernel reconnects to a new one in another slot with the same
-file handles (volumes/server.py)."""
+Every pause in the module's node is cold (AENV_HOT_PAUSE_S=0): the VMM ends, the slot's
+NFS server with it, and the resumed guest's kernel reconnects to a new one in another slot
+with the same file handles (volumes/server.py). A node killed with kill -9 leaves the
+volume mounted in its adopted sandbox, and a restart keeps its data."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from e2b import NotFoundException, Sandbox, SandboxException, Volume
 
 from tests.support.guest import until
 
-from .conftest import NodeProcess, running_node
+from .conftest import NodeProcess, free_port, running_node, start_node, stop_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -105,3 +107,37 @@ def test_bad_mounts_are_refused_and_leave_nothing(node: NodeProcess) -> None:
         assert Volume.destroy(vol.volume_id) is True
     with node.api() as c:
         assert c.get("/v2/sandboxes").json() == []
+
+
+def test_a_volume_survives_kill_9_readoption_and_a_node_restart(
+        tmp_path: Path, instance: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """kill -9 of the node: the adopted sandbox's slot gets a new server and its guest goes
+    on writing the same open file; after a clean restart the data is still there, for the
+    content API and for a new sandbox."""
+    port = free_port()
+    monkeypatch.setenv("E2B_VOLUME_API_URL", f"http://127.0.0.1:{port}")
+    a = start_node(tmp_path / "a.log", instance, monkeypatch, port)
+    b = c = None
+    try:
+        vol = Volume.create("survivor")
+        s = Sandbox.create(timeout=600, volume_mounts={"/mnt/v": vol})
+        s.commands.run("exec 3>>/mnt/v/log; echo before >&3; "
+                       "while [ ! -e /tmp/go ]; do sleep 0.2; done; echo after >&3",
+                       background=True, timeout=0)  # fmt: skip
+        until(lambda: _read(vol, "/log") == "before\n", 30)
+        a.kill9()
+        b = start_node(tmp_path / "b.log", instance, monkeypatch, port)
+        _run(s, "touch /tmp/go")  # the same guest, adopted, through its slot's new server
+        until(lambda: _read(vol, "/log") == "before\nafter\n", 30)
+        s.kill()
+        assert stop_node(b) == 0
+        c = start_node(tmp_path / "c.log", instance, monkeypatch, port)
+        assert Volume.connect(vol.volume_id).read_file("/log") == "before\nafter\n"
+        t = Sandbox.create(volume_mounts={"/mnt/v": "survivor"})
+        assert _run(t, "cat /mnt/v/log") == "before\nafter\n"
+        t.kill()
+        assert Volume.destroy(vol.volume_id) is True
+    finally:
+        for n in (c, b, a):
+            if n is not None and n.proc is not None and n.proc.poll() is None:
+                stop_node(n)
