@@ -50,6 +50,7 @@ def test_two_sandboxes_share_a_volume_through_pause_resume_and_fork(node: NodePr
     a = Sandbox.create(volume_mounts={"/mnt/data": vol})
     b = Sandbox.create(volume_mounts={"/home/user/data": "shared-data"})  # by name
     kids: list[Sandbox] = []
+    snap = ""
     try:
         assert a.get_info().volume_mounts == [{"name": "shared-data", "path": "/mnt/data"}]
         assert _run(a, "cat /mnt/data/seed.txt") == "from the API\n"
@@ -76,15 +77,23 @@ def test_two_sandboxes_share_a_volume_through_pause_resume_and_fork(node: NodePr
         kids = a.fork(count=2)
         for i, k in enumerate(kids):
             _run(k, f"echo child-{i} > /mnt/data/child-{i}.txt")
-        names = sorted(e.name for e in vol.list("/"))
+        names = sorted(e.name for e in vol.list("/"))  # the children's writes too
         assert names == ["a.txt", "b.txt", "child-0.txt", "child-1.txt", "log", "seed.txt",
                          "while-paused.txt", "who"]  # fmt: skip
         assert vol.read_file("/child-1.txt") == "child-1\n"
+
+        # A snapshot holds the mount, not the data: a create from it mounts the live volume.
+        snap = a.create_snapshot().snapshot_id
+        vol.write_file("/after-snapshot.txt", "live")
+        kids.append(c := Sandbox.create(snap))
+        assert c.get_info().volume_mounts == [{"name": "shared-data", "path": "/mnt/data"}]
+        assert _run(c, "cat /mnt/data/after-snapshot.txt") == "live"
     finally:
         for s in (a, b, *kids):
             s.kill()
     # The data outlives every sandbox that mounted it; then the volume can go.
     assert vol.read_file("/a.txt") == "written-by-a\nwritten-by-b\n"
+    assert Sandbox.delete_snapshot(snap) is True
     assert Volume.destroy(vol.volume_id) is True
 
 

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.obs import OPS_TOTAL, log_event, stage
+from aenv.orchestrator import mounts
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import (
     CapacityExhausted,
@@ -62,6 +63,7 @@ class Forking:
             finally:
                 # The runtime lets the VM continue whatever happened.
                 self.store.transition(sandbox_id, [S.SNAPSHOTTING], S.RUNNING, self.now_us())
+            mounts.remember(self.store.db, snap_id, rec.volume_mounts)
             if self.shared is not None:
                 self.shared.taken(info)
         OPS_TOTAL.labels("snapshot", "ok").inc()

@@ -3,7 +3,9 @@ volume (their records say; volumes/ has the data and the server)."""
 
 from __future__ import annotations
 
+import json
 import posixpath
+import sqlite3
 
 from aenv.orchestrator.errors import InvalidRequest, NotFound
 from aenv.orchestrator.store import Store
@@ -57,3 +59,36 @@ def volume_users(store: Store, name: str) -> list[str]:
     """Ids of the sandboxes, running or paused (every record is one), that mount `name`."""
     return sorted(r.sandbox_id for r in store.all()
                   if any(n == name for n, _, _ in r.volume_mounts))
+
+
+_SCHEMA = """CREATE TABLE IF NOT EXISTS snapshot_volumes (
+    snapshot_id TEXT PRIMARY KEY, mounts TEXT NOT NULL)"""
+
+
+def remember(db: sqlite3.Connection, snapshot_id: str,
+             volume_mounts: list[tuple[str, str, str]]) -> None:  # fmt: skip
+    """The source's mounts, for what is created from the snapshot: its guest memory (or its
+    disk's mount points) expects them, and they are the live volumes, not copies."""
+    if volume_mounts:
+        db.execute(_SCHEMA)
+        db.execute("INSERT OR REPLACE INTO snapshot_volumes VALUES (?, ?)",
+                   (snapshot_id, json.dumps(volume_mounts)))  # fmt: skip
+
+
+def of_snapshot(db: sqlite3.Connection, snapshot_id: str) -> list[tuple[str, str, str]]:
+    db.execute(_SCHEMA)
+    row = db.execute("SELECT mounts FROM snapshot_volumes WHERE snapshot_id=?",
+                     (snapshot_id,)).fetchone()  # fmt: skip
+    return [tuple(m) for m in json.loads(row[0])] if row else []  # type: ignore[misc]
+
+
+def merge(inherited: list[tuple[str, str, str]],
+          asked: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:  # fmt: skip
+    """A snapshot's mounts plus a create's own; 400 if both mount at one path."""
+    taken = {p for _, p, _ in inherited}
+    for _, p, _ in asked:
+        if p in taken:
+            raise InvalidRequest(f"the snapshot already mounts a volume at {p}")
+    if len(inherited) + len(asked) > MAX_MOUNTS:
+        raise InvalidRequest(f"at most {MAX_MOUNTS} volume mounts")
+    return [*inherited, *asked]

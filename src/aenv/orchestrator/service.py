@@ -332,7 +332,7 @@ class Orchestrator(Pausing, Forking, Networking):
             return await self._made(req.sandbox_id)
         self._admit(shape.memory_mib, "create a sandbox")
         rec = self._new_record(req, info, shape, egress, ingress)
-        rec.volume_mounts = volume_mounts
+        rec.volume_mounts = mounts.merge(rec.volume_mounts, volume_mounts)
         sid = rec.sandbox_id
         self.store.insert(rec)
         self._booting += 1
@@ -393,6 +393,8 @@ class Orchestrator(Pausing, Forking, Networking):
             updated_at_us=now,
             default_user=info.user,
             default_workdir=info.workdir,
+            volume_mounts=mounts.of_snapshot(self.store.db, info.template_id)
+            if info.template_id == info.build_id else [],  # a snapshot: its source's
         )
 
     async def _boot(

@@ -156,3 +156,34 @@ async def until(cond: Callable[[], bool], timeout: float = 10) -> None:
     while not cond():
         assert asyncio.get_running_loop().time() < deadline, "condition never held"
         await asyncio.sleep(0.02)
+
+
+async def test_mounts_at_create_are_checked_and_block_the_volume_s_delete(
+        node: Node, client: httpx.AsyncClient) -> None:  # fmt: skip
+    r = await client.post("/volumes", json={"name": "m"})
+    vid = r.json()["volumeID"]
+
+    def create(mounts: object) -> object:
+        return client.post("/v2/sandboxes", json={"templateID": "base", "volumeMounts": mounts})
+
+    assert_error(await create([{"name": "nope", "path": "/mnt/x"}]), 404, "volume 'nope'")
+    for mounts, text in [
+        ([{"name": "m", "path": "/etc"}], "system directory"),
+        ([{"name": "m", "path": "/proc/x"}], "system directory"),
+        ([{"name": "m", "path": "/.aenv"}], "system directory"),
+        ([{"name": "m", "path": "mnt"}], "absolute"),
+        ([{"name": "m", "path": "/a"}, {"name": "m", "path": "/a/"}], "two volumes"),
+        ([{"name": "m", "path": f"/m{i}"} for i in range(9)], "at most 8"),
+        (["m"], "{name, path}"),
+    ]:  # fmt: skip
+        assert_error(await create(mounts), 400, text)
+    r = await create([{"name": "m", "path": "/home/user/m/"}])
+    assert r.status_code == 201, r.text
+    sid = r.json()["sandboxID"]
+    got = (await client.get(f"/sandboxes/{sid}")).json()
+    assert got["volumeMounts"] == [{"name": "m", "path": "/home/user/m"}]
+    listed = (await client.get("/v2/sandboxes")).json()
+    assert listed[0]["volumeMounts"] == got["volumeMounts"]
+    assert_error(await client.delete(f"/volumes/{vid}"), 409, "mounted by 1 sandbox")
+    assert (await client.delete(f"/sandboxes/{sid}")).status_code == 204
+    assert (await client.delete(f"/volumes/{vid}")).status_code == 204
