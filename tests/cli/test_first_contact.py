@@ -38,14 +38,16 @@ def test_the_server_says_how_an_e2b_client_reaches_it(
                              f"API key: in {key_file}"]  # fmt: skip
         exports = [ln.strip() for ln in lines if ln.startswith("  export ")]
         assert exports == [f"export E2B_API_URL={node.url}", f"export E2B_SANDBOX_URL={node.url}",
+                           f"export E2B_VOLUME_API_URL={node.url}",
                            f"export E2B_API_KEY=$(cat {key_file})"]  # fmt: skip
-        sdk = ("from e2b import Sandbox; s = Sandbox.create(timeout=60); "
+        sdk = ("from e2b import Sandbox, Volume; s = Sandbox.create(timeout=60); "
                "print(s.sandbox_id in [x.sandbox_id for x in Sandbox.list().next_items()]); "
-               "s.kill()")  # fmt: skip
+               "s.kill(); v = Volume.create(\"first\"); v.write_file(\"/f\", \"ok\"); "
+               "print(v.read_file(\"/f\")); Volume.destroy(v.volume_id)")  # fmt: skip
         env = {k: v for k, v in node.server_env.items() if not k.startswith("AENV_")}
         r = subprocess.run(["bash", "-c", "; ".join([*exports, f"{sys.executable} -c '{sdk}'"])],
                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
+        assert r.returncode == 0 and r.stdout.split() == ["True", "ok"], r.stderr[-2000:]
     finally:
         assert node.stop() == 0, node.tail()
 
@@ -58,6 +60,7 @@ def test_the_lines_for_a_key_from_the_environment_and_for_a_domain_over_tls(
         "aenv server: serving the E2B API at http://127.0.0.1:8443", "API key: from AENV_API_KEY",
         "An E2B client (Python or JS SDK, e2b CLI) reaches it with:",
         "  export E2B_API_URL=http://127.0.0.1:8443", "  export E2B_SANDBOX_URL=http://127.0.0.1:8443",
+        "  export E2B_VOLUME_API_URL=http://127.0.0.1:8443",
         "  export E2B_API_KEY=$AENV_API_KEY"]  # fmt: skip
     (tmp_path / "c.pem").write_text("x")
     (tmp_path / "k.pem").write_text("x")

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from aenv.api.apierror import ApiError
@@ -34,7 +35,10 @@ _MODE = Annotated[int | None, Query(ge=0, le=0o7777)]
 
 router = APIRouter(dependencies=[Depends(require_api_key)],
                    responses={s: {"model": Error} for s in (400, 401, 404, 409)})  # fmt: skip
-content = APIRouter(responses={s: {"model": Error} for s in (400, 401, 404, 409)})
+# Declared for the OpenAPI document (the token is checked in `_tree`, per volume).
+_bearer = HTTPBearer(auto_error=False, description="the volume's token")
+content = APIRouter(dependencies=[Security(_bearer)],
+                    responses={s: {"model": Error} for s in (400, 401, 404, 409)})  # fmt: skip
 
 
 class NewVolume(BaseModel):

@@ -34,6 +34,8 @@ def first_contact(config: Config) -> str:
     if config.domain and config.tls_cert_file is not None:
         lines.append(f"  export E2B_DOMAIN={config.domain}")  # api.<domain>, <port>-<id>.<domain>
     else:
-        lines += [f"  export E2B_API_URL={url}", f"  export E2B_SANDBOX_URL={url}"]
+        # The SDK's volume content API never falls back to E2B_API_URL.
+        lines += [f"  export E2B_API_URL={url}", f"  export E2B_SANDBOX_URL={url}",
+                  f"  export E2B_VOLUME_API_URL={url}"]  # fmt: skip
     lines.append(f"  export E2B_API_KEY={key}")
     return "\n".join(lines)

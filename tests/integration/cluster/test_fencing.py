@@ -79,9 +79,11 @@ async def test_a_node_cut_off_from_etcd_fences_itself_before_its_lease_ends(
     await proxy.cut()
     await _until(lambda: orch.fenced, "the fence", timeout=TTL_S + 2)
     fenced_after = time.monotonic() - membership.registration.renewed_at
-    # It fenced with half the lease left, and everything was paused inside the lease.
+    # It fenced with half the lease left, and everything was paused inside the lease (the
+    # flag is up as the pauses begin: CI once read `a` before its pause ended).
     assert fenced_after < TTL_S, fenced_after
-    assert orch.store.get(a.sandbox_id).state is S.PAUSED  # type: ignore[union-attr]
+    await _until(lambda: orch.store.get(a.sandbox_id).state is S.PAUSED,  # type: ignore[union-attr]
+                 "a's pause", timeout=TTL_S)
     assert time.monotonic() - membership.registration.renewed_at < TTL_S
     with pytest.raises(ShuttingDown, match="fenced"):
         await orch.create(CreateRequest(template="base", timeout_s=60))
