@@ -46,6 +46,11 @@ STATEFUL_STEPS = 8  # calls per sequence at most (hypothesis' stateful_step_coun
 # run's business: they end a sequence at its first call).
 STATEFUL_CREATE_KEYS = {"templateID", "timeout", "metadata", "envVars", "autoPause", "secure"}
 PUBLIC = {"/health", "/metrics", "/openapi.json"}
+# Volume content (raw file bodies behind a volume's token) is not fuzzed: with its bearer
+# scheme the fuzzer sends header values uvicorn's parser refuses before the app (a text/plain
+# 400 it calls undocumented). tests/unit/api/test_volumes.py covers it, escapes included;
+# the key check below still covers it.
+CONTENT = "/volumecontent/"
 CREATES = {"/v2/sandboxes", "/sandboxes"}
 ALLOWED_5XX = {501, 507}
 SID = re.compile(r"^[a-z0-9]{20}$")
@@ -253,6 +258,8 @@ def _negatable(op: Any) -> bool:
 def test_fuzz_openapi(capped: NodeProcess, sandboxes: Sandboxes) -> None:
     failures: list[str] = []
     for op in _operations(capped):
+        if op.path.startswith(CONTENT):
+            continue
         modes = [(GenerationMode.POSITIVE, POSITIVE)]
         if _negatable(op):
             modes.append((GenerationMode.NEGATIVE, NEGATIVE))
@@ -272,7 +279,8 @@ def test_fuzz_openapi(capped: NodeProcess, sandboxes: Sandboxes) -> None:
 
 
 def test_fuzz_openapi_stateful(capped: NodeProcess, sandboxes: Sandboxes) -> None:
-    schema = schemathesis.openapi.from_url(capped.origin + "/openapi.json", config=CONFIG)
+    schema = schemathesis.openapi.from_url(capped.origin + "/openapi.json", config=CONFIG
+                                           ).exclude(path_regex=f"^{CONTENT}")  # fmt: skip
     steps: Counter[tuple[str, int]] = Counter()
     kwargs: dict[str, Any] = {"base_url": capped.origin, "headers": {"X-API-Key": API_KEY},
                               "timeout": 120}  # fmt: skip
