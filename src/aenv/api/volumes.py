@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response, Security
@@ -65,18 +64,8 @@ class Metadata(BaseModel):
     mode: Annotated[StrictInt, Field(ge=0, le=0o7777)] | None = None
 
 
-class VolumeEntryStat(BaseModel):
-    name: str
-    type: str
-    path: str
-    size: int
-    mode: int
-    uid: int
-    gid: int
-    atime: str
-    mtime: str
-    ctime: str
-    target: str | None = None
+# E2B's VolumeEntryStat: the tree's own entry, as FastAPI serialises a dataclass.
+VolumeEntryStat = vtree.Entry
 
 
 def _orch(request: Request) -> Orchestrator:
@@ -165,16 +154,12 @@ async def _run(fn: Callable[..., T], *args: Any) -> T:
         raise ApiError(e.status, str(e)) from None
 
 
-def _stat(e: vtree.Entry) -> VolumeEntryStat:
-    return VolumeEntryStat(**asdict(e))
-
-
 @content.get(CONTENT_PREFIX + "{volume_id}/dir", operation_id="listVolumeDir")
 async def list_dir(request: Request, volume_id: str, path: str,
                    depth: Annotated[int, Query(ge=1, le=vtree.MAX_DEPTH)] = 1,
                    ) -> list[VolumeEntryStat]:  # fmt: skip
     tree = await _tree(request, volume_id)
-    return [_stat(e) for e in await _run(tree.list, path, depth)]
+    return await _run(tree.list, path, depth)
 
 
 @content.post(CONTENT_PREFIX + "{volume_id}/dir", operation_id="makeVolumeDir", status_code=201)
@@ -183,21 +168,21 @@ async def make_dir(request: Request, volume_id: str, path: str, uid: _IDS = None
                    ) -> VolumeEntryStat:  # fmt: skip
     """mkdir; `force`: its parents too, and an existing directory is fine."""
     tree = await _tree(request, volume_id)
-    return _stat(await _run(tree.make_dir, path, uid, gid, mode, force))
+    return await _run(tree.make_dir, path, uid, gid, mode, force)
 
 
 @content.get(CONTENT_PREFIX + "{volume_id}/path", operation_id="statVolumePath")
 async def stat_path(request: Request, volume_id: str, path: str) -> VolumeEntryStat:
     """The entry itself (a symlink is reported as one, with its target)."""
     tree = await _tree(request, volume_id)
-    return _stat(await _run(tree.stat, path))
+    return await _run(tree.stat, path)
 
 
 @content.patch(CONTENT_PREFIX + "{volume_id}/path", operation_id="updateVolumePathMetadata")
 async def patch_path(request: Request, volume_id: str, path: str,
                      body: Metadata) -> VolumeEntryStat:  # fmt: skip
     tree = await _tree(request, volume_id)
-    return _stat(await _run(tree.set_metadata, path, body.uid, body.gid, body.mode))
+    return await _run(tree.set_metadata, path, body.uid, body.gid, body.mode)
 
 
 @content.delete(CONTENT_PREFIX + "{volume_id}/path", operation_id="removeVolumePath",
@@ -250,7 +235,7 @@ async def write_file(request: Request, volume_id: str, path: str, uid: _IDS = No
     except BaseException:
         tree.abort_write(pfd, fd, tmp)
         raise
-    return _stat(await _run(tree.commit_write, path, pfd, fd, tmp, uid, gid, mode))
+    return await _run(tree.commit_write, path, pfd, fd, tmp, uid, gid, mode)
 
 
 def _write_all(fd: int, data: bytes) -> None:
