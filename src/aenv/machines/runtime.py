@@ -106,7 +106,7 @@ class Runtime(Pausing, Cloning, Adopting):
         # Domains in allowOut, and the node's sandbox URLs from inside (egress_proxy.py).
         # network.rules: TLS interception and request rewriting, by the slots' own listeners
         # and, for the node's sandbox URLs, by the egress proxy.
-        self.interceptor = Interceptor(load_ca(*ca_paths(cfg)), upstream_context(cfg),
+        self.interceptor = Interceptor(lambda: load_ca(*ca_paths(cfg)), upstream_context(cfg),
                                        secret=lambda name: self._secret(name))  # fmt: skip
         interceptor = self.interceptor
         self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=interceptor)
@@ -133,6 +133,7 @@ class Runtime(Pausing, Cloning, Adopting):
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
         await asyncio.to_thread(datafs.ensure, self.cfg.data_dir, self.cfg.data_image_size_gib)
+        _ = self.interceptor.ca  # made now, on the data filesystem, so a bad file fails start
         for d in (self.cfg.artifacts_dir, self.cfg.templates_dir, self.cfg.snapshots_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.cfg.sandboxes_dir.mkdir(mode=0o711, parents=True, exist_ok=True)

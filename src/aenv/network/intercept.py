@@ -18,7 +18,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h11
 
@@ -32,9 +32,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Interceptor:
-    ca: InterceptionCA
+    # Made or read on first use: its files live in the data directory, which exists only
+    # once the runtime has mounted it (a fresh host's first start).
+    load_ca: Callable[[], InterceptionCA]
     upstream_tls: ssl.SSLContext
     secret: SecretLookup | None = None  # the orchestrator's SecretStore.value
+    _ca: InterceptionCA | None = field(default=None, repr=False)
+
+    @property
+    def ca(self) -> InterceptionCA:
+        if self._ca is None:
+            self._ca = self.load_ca()
+        return self._ca
+
+    @ca.setter
+    def ca(self, ca: InterceptionCA) -> None:
+        self._ca = ca
 
 
 class _Refused(Exception):
