@@ -28,6 +28,7 @@ from aenv.api import (
     secrets,
     snapshots,
     system,
+    teams,
     templates,
     uploads,
     volumes,
@@ -81,6 +82,7 @@ def build_api(node: Node) -> FastAPI:
     api.include_router(secrets.router)
     api.include_router(volumes.router)
     api.include_router(volumes.content)
+    api.include_router(teams.router)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
     return api
 
@@ -119,6 +121,8 @@ class Node:
 
     async def start(self) -> None:
         await self.orchestrator.start()
+        assert self.orchestrator.teams is not None
+        self.orchestrator.teams.bind_node_key(self.api_key)
         if self.config.cluster.etcd_endpoints:
             from aenv.cluster.node import NodeMembership  # a standalone node needs no etcd
 

@@ -1,7 +1,9 @@
-"""Control-plane auth: one API key per node, sent as `X-API-Key`, compared in constant time.
+"""Control-plane auth: an API key sent as `X-API-Key`, looked up (by its hash) among the
+teams' keys (teams/store.py). The request then acts for the key's team (`principal`).
 
-The key is `config.api_key` (`AENV_API_KEY`) if set, else the contents of `<data_dir>/api_key`,
-which is generated (mode 0600) on first start. It is never logged.
+The node's own key is `config.api_key` (`AENV_API_KEY`) if set, else the contents of
+`<data_dir>/api_key`, which is generated (mode 0600) on first start: the admin key of the
+`default` team. No key is ever logged.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from fastapi.security import APIKeyHeader
 
 from aenv.api.apierror import ApiError
 from aenv.config import Config
+from aenv.teams.model import DEFAULT_TEAM, NODE_KEY_ID, Principal
+from aenv.teams.store import TeamStore
 
 log = logging.getLogger("aenv.api")
 
@@ -52,12 +56,48 @@ def resolve_api_key(config: Config) -> str:
     return key
 
 
-def key_ok(request: Request) -> bool:
-    expected: str = request.app.state.api_key
+def principal_of(request: Request) -> Principal | None:
+    """The team and key a request's `X-API-Key` belongs to; None for no key, an unknown one
+    or a revoked one."""
     given = request.headers.get(API_KEY_HEADER)
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+    if not given:
+        return None
+    teams: TeamStore | None = request.app.state.orchestrator.teams
+    if teams is None:  # not started: only the node's own key
+        expected: str = request.app.state.api_key
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return None
+        return Principal(DEFAULT_TEAM, NODE_KEY_ID, admin=True)
+    return teams.principal(given)
 
 
 async def require_api_key(request: Request, _key: str | None = Security(_scheme)) -> None:
-    if not key_ok(request):
+    who = principal_of(request)
+    if who is None:
         raise ApiError(401, "Invalid API key")
+    request.state.principal = who
+    # Another team's sandbox is answered as one that does not exist, by every route that
+    # names one (the routes then 404 on their own for one that does not).
+    sid = request.path_params.get("sandbox_id")
+    if sid is not None:
+        rec = request.app.state.orchestrator.store.get(sid)
+        if rec is not None and rec.team_id != who.team_id:
+            raise ApiError(404, f"sandbox \"{sid}\" doesn't exist or you don't have access "
+                           "to it")  # fmt: skip
+
+
+def principal(request: Request) -> Principal:
+    """Who is asking (set by `require_api_key`, which every control-plane route runs)."""
+    who: Principal = request.state.principal
+    return who
+
+
+def team_of(request: Request) -> str:
+    return principal(request).team_id
+
+
+async def require_admin(request: Request, _key: str | None = Security(_scheme)) -> None:
+    await require_api_key(request)
+    if not principal(request).admin:
+        raise ApiError(403, "this API key is not an admin key: teams and keys are managed "
+                       "with an admin key")  # fmt: skip

@@ -13,9 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aenv.api import volumes
 from aenv.api.apierror import ApiError
-from aenv.api.auth import key_ok
+from aenv.api.auth import principal_of
 from aenv.machines.api import RuntimeError_
-from aenv.orchestrator.errors import CapacityExhausted, OrchestratorError
+from aenv.orchestrator.errors import CapacityExhausted, OrchestratorError, TeamLimitReached
 
 log = logging.getLogger("aenv.api")
 
@@ -55,6 +55,8 @@ def install(app: FastAPI) -> None:
         headers = None
         if isinstance(exc, CapacityExhausted):
             headers = {"Retry-After": str(exc.retry_after_s)}
+        elif isinstance(exc, TeamLimitReached):
+            headers = {"Should-Retry": "false"}  # waiting does not help: fail fast
         if exc.status >= 500:
             log.warning("api.error", extra={"kv": {"status": exc.status, "error": exc.message}})
         return error_response(exc.status, exc.message, headers)
@@ -80,7 +82,7 @@ def install(app: FastAPI) -> None:
         if request.url.path.startswith(volumes.CONTENT_PREFIX):
             if not volumes.content_auth_ok(request):
                 return error_response(401, "invalid or missing volume token")
-        elif not key_ok(request):
+        elif principal_of(request) is None:
             return error_response(401, "Invalid API key")
         return error_response(400, _validation_message(exc))
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from aenv.api import query
 from aenv.api.apierror import ApiError
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import (
     ConnectSandbox,
     Error,
@@ -176,6 +176,7 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         sandbox_id=_placed_id(request),
         existing_only=request.headers.get(wire.EXISTING_HEADER) == "1",
         volume_mounts=list(body.volumeMounts or []),
+        team_id=team_of(request),
     )
     rec = await _orch(request).create(req)
     return _sandbox(request, rec)
@@ -206,6 +207,7 @@ async def list_running(
         states=states_for_public("running"),
         metadata=query.parse_metadata_filter(metadata),
         limit=1_000_000,
+        team_id=team_of(request),
     )
     recs, _ = _orch(request).list(q)
     return [ListedSandbox(**_listed_fields(request, r)) for r in recs]
@@ -236,6 +238,7 @@ async def list_sandboxes(
         order="asc" if order == "asc" else "desc",
         limit=limit or MAX_PAGE,
         cursor=query.decode_cursor(nextToken),
+        team_id=team_of(request),
     )
     recs, nxt = _orch(request).list(q)
     if nxt is not None:

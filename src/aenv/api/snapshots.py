@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from aenv.api import query
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import (
     Error,
     SandboxForkRequest,
@@ -58,7 +58,8 @@ async def fork_snapshot(
     `timeout` as a create's (default 300 s). The answer is a fork's."""
     count = body.count if body and body.count is not None else 1
     timeout = body.timeout if body and body.timeout is not None else V2_CREATE_TIMEOUT_S
-    results = await _orch(request).fork_snapshot(snapshot_id, count, timeout)
+    results = await _orch(request).fork_snapshot(snapshot_id, count, timeout,
+                                                team_of(request))
     return fork_results(request, results)
 
 

@@ -31,6 +31,7 @@ from aenv.orchestrator.requests import (
 )
 from aenv.orchestrator.states import HOLDS_CAPACITY, SandboxState
 from aenv.orchestrator.store import SandboxRecord
+from aenv.teams.model import DEFAULT_TEAM
 
 log = logging.getLogger("aenv.orchestrator")
 _T = TypeVar("_T")
@@ -213,6 +214,7 @@ class Forking:
             if not paused:
                 src = self._running_for(sandbox_id, "a fork")
             self._refuse(new=True)
+            self.admit_team(src.team_id, count, count * src.memory_mib, f"fork {count}")
             room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
             n = min(count, room)
             self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
@@ -262,8 +264,8 @@ class Forking:
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return out
 
-    async def fork_snapshot(self, snapshot: str, count: int, timeout_s: int
-                            ) -> list[SandboxRecord | BaseException]:
+    async def fork_snapshot(self, snapshot: str, count: int, timeout_s: int,
+                            team_id: str = DEFAULT_TEAM) -> list[SandboxRecord | BaseException]:
         """`count` sandboxes from a named snapshot (id or name) at once, as a fork's
         children: restored in parallel (at most max_concurrent_boots at a time), each with
         its own id, token and entropy. One entry per child, as `fork`."""
@@ -273,9 +275,10 @@ class Forking:
         snap = await self._find_shared(snapshot)  # TemplateNotFound -> 404
         info = self.resolve_template(snap.snapshot_id, fetched=True)
         self._refuse(new=True)
+        self.admit_team(team_id, count, count * info.shape.memory_mib, f"create {count}")
         n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
         self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")
-        req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s)
+        req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s, team_id=team_id)
         egress = self.egress_for(None)
         kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
         t0 = time.perf_counter()
@@ -341,6 +344,7 @@ class Forking:
             if src.ingress.traffic_token is not None else src.ingress,
             default_user=src.default_user, default_workdir=src.default_workdir,
             volume_mounts=list(src.volume_mounts),  # the same volumes, live (not copies)
+            team_id=src.team_id,
         )  # fmt: skip
 
     def _fork_child_started(

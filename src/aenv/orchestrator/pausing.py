@@ -107,7 +107,8 @@ class Pausing:
         filesystem-only pause): a reboot is a cold boot, admitted as one."""
         sid = rec.sandbox_id
         reboot = not memory or rec.pause_mode == "filesystem"
-        self._admit(rec.memory_mib, "resume a sandbox", boot=reboot, new=False)
+        self._admit(rec.memory_mib, "resume a sandbox", boot=reboot, new=False,
+                    team_id=rec.team_id)
         if self.shared is not None:
             await self.shared.resuming(sid)
         if not self.store.transition(sid, [S.PAUSED], S.RESUMING, self.now_us()):

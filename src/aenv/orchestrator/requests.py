@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aenv.machines.api import AgentInit, VolumeMount
 from aenv.orchestrator.store import SandboxRecord
+from aenv.teams.model import DEFAULT_TEAM
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
 ID_LENGTH = 20
@@ -70,3 +71,4 @@ class CreateRequest:
     sandbox_id: str | None = None
     existing_only: bool = False  # with sandbox_id: the sandbox it made, or 409 if gone
     volume_mounts: list[object] = field(default_factory=list)  # E2B volumeMounts
+    team_id: str = DEFAULT_TEAM  # who asks: owns the sandbox, within its limits

@@ -33,6 +33,7 @@ from aenv.orchestrator.errors import (
     ShuttingDown,
     SpaceExhausted,
     StateConflict,
+    TeamLimitReached,
 )
 from aenv.orchestrator.forking import Forking
 from aenv.orchestrator.locks import Joiner, SandboxLocks
@@ -54,6 +55,7 @@ from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, Sandb
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
+from aenv.teams.store import TeamStore
 from aenv.volumes.store import Volumes, VolumeStore
 
 RETRIED_CREATE_WAIT_S = 300.0  # at most this for the create a retried one waits for
@@ -98,6 +100,7 @@ class Orchestrator(Pausing, Forking, Networking):
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         self.secrets: Secrets | None = None  # from start(); a cluster's replaces it
         self.volumes: Volumes | None = None  # from start()
+        self.teams: TeamStore | None = None  # from start()
         # Run at close, after the last pause and VM and before the store closes: the
         # cluster's bindings then say what shutdown left (cluster/node.py).
         self.on_stopped: list[Callable[[], Awaitable[None]]] = []
@@ -124,6 +127,7 @@ class Orchestrator(Pausing, Forking, Networking):
         self.secrets_key = load_key(key_path(self.config))
         self.secrets = SecretStore(self.store.db, Vault(self.secrets_key))
         self.volumes = VolumeStore(self.store.db, self.config.volumes_dir)
+        self.teams = TeamStore(self.store.db)
         # The egress proxy fills rules with them (whichever store holds them by then).
         self.runtime.secret_value = lambda name: self._secret_value(name)
         obs.SANDBOX_EVENTS.append(self.logs.capture)
@@ -251,6 +255,11 @@ class Orchestrator(Pausing, Forking, Networking):
     def list(self, q: ListQuery) -> tuple[list[SandboxRecord], tuple[int, str] | None]:
         return self.store.list(q)
 
+    def owned_by(self, team_id: str) -> list[str]:
+        """What the team still owns, in words (empty: nothing; a team is deleted only so)."""
+        n = len([r for r in self.store.all() if r.team_id == team_id])
+        return [f"{n} sandbox(es)"] if n else []
+
     def stats(self) -> dict[SandboxState, int]:
         return self.store.count_by_state()
 
@@ -279,11 +288,14 @@ class Orchestrator(Pausing, Forking, Networking):
             raise InvalidRequest(f"invalid {name}: {err['msg']}") from None
 
     def _admit(self, new_mib: int, op: str, *, vms: int = 1, boot: bool = True,
-               new: bool = True) -> None:
-        """Refuse an operation before it touches anything: shutting down (503), over
-        max_sandboxes or max_concurrent_boots (429), short of space (507). Callers insert or
-        CAS their record with no await after this, so the counts stay exact."""
+               new: bool = True, team_id: str | None = None) -> None:
+        """Refuse an operation before it touches anything: shutting down (503), over the
+        team's limits or max_sandboxes or max_concurrent_boots (429), short of space (507).
+        Callers insert or CAS their record with no await after this, so the counts stay
+        exact."""
         self._refuse(new=new)
+        if team_id is not None:
+            self.admit_team(team_id, vms, new_mib, op)
         if vms and self.store.count(HOLDS_CAPACITY) + vms > self.config.max_sandboxes:
             REJECTED_TOTAL.labels("max_sandboxes").inc()
             raise CapacityExhausted(
@@ -297,6 +309,27 @@ class Orchestrator(Pausing, Forking, Networking):
                 retry_after_s=BOOTS_RETRY_AFTER_S,
             )
         self._admit_space(new_mib, op)
+
+    def admit_team(self, team_id: str, vms: int, new_mib: int, op: str) -> None:
+        """TeamLimitReached if `vms` more sandboxes of `new_mib` MiB in all would take the
+        team past its limits (running and restoring sandboxes count, as for the node's)."""
+        if self.teams is None:
+            return
+        team = self.teams.team(team_id)
+        if team.max_sandboxes is not None:
+            have = self.store.count(HOLDS_CAPACITY, team_id)
+            if have + vms > team.max_sandboxes:
+                REJECTED_TOTAL.labels("team_sandboxes").inc()
+                raise TeamLimitReached(
+                    f"cannot {op}: team {team.name!r} may run {team.max_sandboxes} sandboxes "
+                    f"at once and runs {have}; kill or pause some, or ask for a higher limit")
+        if team.max_memory_mib is not None:
+            have = self.store.sum_memory_mib(HOLDS_CAPACITY, team_id)
+            if have + new_mib > team.max_memory_mib:
+                REJECTED_TOTAL.labels("team_memory").inc()
+                raise TeamLimitReached(
+                    f"cannot {op}: team {team.name!r} may use {team.max_memory_mib} MiB of "
+                    f"sandbox memory and uses {have}; {new_mib} MiB more would pass it")
 
     def _admit_space(self, new_mib: int, op: str, *, keep_running: bool = True) -> None:
         """507 unless free space >= RAM of the running sandboxes (`keep_running`) + `new_mib`
@@ -330,7 +363,7 @@ class Orchestrator(Pausing, Forking, Networking):
         # From the admission check to the insert there is no await: the count stays exact.
         if req.sandbox_id is not None and (req.existing_only or self.store.get(req.sandbox_id)):
             return await self._made(req.sandbox_id)
-        self._admit(shape.memory_mib, "create a sandbox")
+        self._admit(shape.memory_mib, "create a sandbox", team_id=req.team_id)
         rec = self._new_record(req, info, shape, egress, ingress)
         rec.volume_mounts = mounts.merge(rec.volume_mounts, volume_mounts)
         sid = rec.sandbox_id
@@ -395,6 +428,7 @@ class Orchestrator(Pausing, Forking, Networking):
             default_workdir=info.workdir,
             volume_mounts=mounts.of_snapshot(self.store.db, info.template_id)
             if info.template_id == info.build_id else [],  # a snapshot: its source's
+            team_id=req.team_id,
         )
 
     async def _boot(

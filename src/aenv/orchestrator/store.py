@@ -22,6 +22,7 @@ from typing import Any, Literal
 from aenv.network.egress import EgressPolicy
 from aenv.orchestrator.routes import Ingress
 from aenv.orchestrator.states import GONE, SandboxState, is_legal
+from aenv.teams.model import DEFAULT_TEAM
 
 # Schema version of the records on disk: a reader refuses a newer major. Columns added
 # later are in `_ADDED_COLUMNS`, added in place to a database that lacks them (older readers
@@ -83,6 +84,7 @@ _ADDED_COLUMNS = {
     "default_workdir": "TEXT",  # from the template's image (WORKDIR); NULL: the user's home
     "ingress": "TEXT",  # routes.Ingress as JSON; NULL: public ports, no mask, no HTTPS
     "volume_mounts": "TEXT",  # [{"name", "path", "id"}] as JSON; NULL: none
+    "team_id": "TEXT",  # its owner (teams/); NULL: the default team (made before teams)
 }
 _COLUMNS = (
     "sandbox_id", "template_id", "alias", "state", "metadata", "env_vars", "access_token",
@@ -132,6 +134,7 @@ class SandboxRecord:
     ingress: Ingress = field(default_factory=Ingress)
     # (volume name, mount path, volume id), mounted at every start (create, resume, fork).
     volume_mounts: list[tuple[str, str, str]] = field(default_factory=list)
+    team_id: str = DEFAULT_TEAM
 
     def _row(self) -> tuple[Any, ...]:
         d = self.__dict__ | {
@@ -165,6 +168,7 @@ class SandboxRecord:
                        else EgressPolicy.from_json(json.loads(d["egress"])))
         d["ingress"] = (Ingress() if d["ingress"] is None
                         else Ingress.from_json(json.loads(d["ingress"])))
+        d["team_id"] = d["team_id"] or DEFAULT_TEAM
         mounts = json.loads(d["volume_mounts"] or "[]")
         d["volume_mounts"] = [(m["name"], m["path"], m["id"]) for m in mounts]
         return cls(**d)
@@ -197,6 +201,7 @@ class ListQuery:
     order: Literal["asc", "desc"] = "desc"
     limit: int = 100
     cursor: tuple[int, str] | None = None  # (started_at_us, sandbox_id) of the last row seen
+    team_id: str | None = None  # only this team's (None: every team's)
 
 
 class Store:
@@ -376,21 +381,22 @@ class Store:
         )
         self._changed()
 
-    def count(self, states: Iterable[SandboxState]) -> int:
-        states = tuple(states)
-        marks = ", ".join("?" * len(states))
-        return self.db.execute(
-            f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks})", tuple(map(str, states))
-        ).fetchone()[0]
+    def count(self, states: Iterable[SandboxState], team_id: str | None = None) -> int:
+        """Sandboxes in `states` (of one team, if given)."""
+        return self._aggregate("COUNT(*)", states, team_id)
 
-    def sum_memory_mib(self, states: Iterable[SandboxState]) -> int:
-        """Guest RAM of the sandboxes in `states` (space admission)."""
+    def sum_memory_mib(self, states: Iterable[SandboxState], team_id: str | None = None) -> int:
+        """Guest RAM of the sandboxes in `states` (of one team, if given)."""
+        return self._aggregate("COALESCE(SUM(memory_mib), 0)", states, team_id)
+
+    def _aggregate(self, what: str, states: Iterable[SandboxState], team_id: str | None) -> int:
         states = tuple(states)
-        marks = ", ".join("?" * len(states))
-        return self.db.execute(
-            f"SELECT COALESCE(SUM(memory_mib), 0) FROM sandboxes WHERE state IN ({marks})",
-            tuple(map(str, states)),
-        ).fetchone()[0]
+        sql = f"SELECT {what} FROM sandboxes WHERE state IN ({', '.join('?' * len(states))})"
+        args: list[Any] = [str(s) for s in states]
+        if team_id is not None:
+            sql += " AND COALESCE(team_id, ?) = ?"
+            args += [DEFAULT_TEAM, team_id]
+        return int(self.db.execute(sql, args).fetchone()[0])
 
     def count_by_state(self) -> dict[SandboxState, int]:
         rows = self.db.execute("SELECT state, COUNT(*) FROM sandboxes GROUP BY state").fetchall()
@@ -427,6 +433,9 @@ class Store:
         if q.started_after_us is not None:
             where.append("started_at_us >= ?")
             args.append(q.started_after_us)
+        if q.team_id is not None:
+            where.append("COALESCE(team_id, ?) = ?")
+            args += [DEFAULT_TEAM, q.team_id]
         if q.template is not None:
             where.append("(template_id = ? OR alias = ?)")
             args += [q.template, q.template]

@@ -1,0 +1,193 @@
+"""Teams and keys in the node's database (orchestrator/store.py's connection).
+
+Keys are looked up by their SHA-256 on every request, with no cache: a revoked key is
+refused from the next request on.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+import uuid
+
+from aenv.teams.model import (
+    DEFAULT_TEAM,
+    NODE_KEY_ID,
+    ApiKey,
+    Principal,
+    Team,
+    TeamError,
+    TeamExists,
+    TeamNotFound,
+    check_limit,
+    check_name,
+    key_hash,
+    mask,
+    new_key,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS teams (
+    team_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    max_sandboxes INTEGER,
+    max_memory_mib INTEGER,
+    created_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_id TEXT PRIMARY KEY,
+    team_id TEXT NOT NULL REFERENCES teams(team_id),
+    name TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    mask TEXT NOT NULL,
+    admin INTEGER NOT NULL,
+    created_us INTEGER NOT NULL,
+    revoked_us INTEGER
+);
+"""
+_TEAM_COLS = "team_id, name, max_sandboxes, max_memory_mib, created_us"
+_KEY_COLS = "key_id, team_id, name, mask, admin, created_us, revoked_us"
+_UNSET = object()
+
+
+class KeyNotFound(TeamError):
+    status = 404
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _key(row: tuple[object, ...]) -> ApiKey:
+    kid, team, name, msk, admin, created, revoked = row
+    return ApiKey(str(kid), str(team), str(name), str(msk), bool(admin), int(created),  # type: ignore[call-overload]
+                  None if revoked is None else int(revoked))  # type: ignore[call-overload]
+
+
+class TeamStore:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        """`db`: the node's database, autocommit, foreign keys on."""
+        self._db = db
+        self._db.executescript(_SCHEMA)
+        with self._db:
+            self._db.execute("INSERT OR IGNORE INTO teams VALUES (?, ?, NULL, NULL, ?)",
+                             (DEFAULT_TEAM, DEFAULT_TEAM, _now_us()))  # fmt: skip
+
+    # -- the node's own key ----------------------------------------------------------------
+
+    def bind_node_key(self, key: str) -> None:
+        """The node's key (its file or AENV_API_KEY) is the default team's admin key; a new
+        one replaces the old at start."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM api_keys WHERE key_id=?", (NODE_KEY_ID,))
+            self._db.execute("DELETE FROM api_keys WHERE hash=?", (key_hash(key),))
+            self._db.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, 1, ?, NULL)",
+                             (NODE_KEY_ID, DEFAULT_TEAM, "the node's key", key_hash(key),
+                              mask(key), _now_us()))  # fmt: skip
+
+    # -- requests --------------------------------------------------------------------------
+
+    def principal(self, key: str) -> Principal | None:
+        """Who `key` belongs to; None for an unknown or revoked key."""
+        row = self._db.execute(
+            "SELECT team_id, key_id, admin FROM api_keys WHERE hash=? AND revoked_us IS NULL",
+            (key_hash(key),)).fetchone()  # fmt: skip
+        return None if row is None else Principal(row[0], row[1], bool(row[2]))
+
+    # -- teams -----------------------------------------------------------------------------
+
+    def create_team(self, name: object, max_sandboxes: object = None,
+                    max_memory_mib: object = None) -> Team:
+        name = check_name(name)
+        limits = (check_limit(max_sandboxes, "maxSandboxes"),
+                  check_limit(max_memory_mib, "maxMemoryMB"))
+        tid = str(uuid.uuid4())
+        try:
+            with self._db:
+                self._db.execute("INSERT INTO teams VALUES (?, ?, ?, ?, ?)",
+                                 (tid, name, *limits, _now_us()))
+        except sqlite3.IntegrityError:
+            raise TeamExists(f"a team named {name!r} exists") from None
+        return self.team(tid)
+
+    def team(self, ref: str) -> Team:
+        """By id or by name."""
+        row = self._db.execute(f"SELECT {_TEAM_COLS} FROM teams WHERE team_id=? OR name=?",
+                               (ref, ref)).fetchone()  # fmt: skip
+        if row is None:
+            raise TeamNotFound(f"team {ref!r} not found")
+        return Team(*row)
+
+    def teams(self) -> list[Team]:
+        rows = self._db.execute(f"SELECT {_TEAM_COLS} FROM teams ORDER BY created_us, team_id")
+        return [Team(*r) for r in rows.fetchall()]
+
+    def set_limits(self, ref: str, max_sandboxes: object = _UNSET,
+                   max_memory_mib: object = _UNSET) -> Team:
+        """Changes the limits given (None: no limit); leaves the others."""
+        team = self.team(ref)
+        sets = {"max_sandboxes": max_sandboxes, "max_memory_mib": max_memory_mib}
+        names = {"max_sandboxes": "maxSandboxes", "max_memory_mib": "maxMemoryMB"}
+        changes = {k: check_limit(v, names[k]) for k, v in sets.items() if v is not _UNSET}
+        if changes:
+            with self._db:
+                self._db.execute(
+                    f"UPDATE teams SET {', '.join(f'{k}=?' for k in changes)} WHERE team_id=?",
+                    (*changes.values(), team.team_id))  # fmt: skip
+        return self.team(team.team_id)
+
+    def delete_team(self, ref: str) -> Team:
+        """Removes a team and its keys; the caller checks it owns nothing."""
+        team = self.team(ref)
+        if team.team_id == DEFAULT_TEAM:
+            raise TeamError("the default team cannot be deleted")
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM api_keys WHERE team_id=?", (team.team_id,))
+            self._db.execute("DELETE FROM teams WHERE team_id=?", (team.team_id,))
+        return team
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def create_key(self, team_ref: str, name: object = "", admin: bool = False
+                   ) -> tuple[ApiKey, str]:  # fmt: skip
+        """A new key of the team: its record and the key itself, which is stored nowhere."""
+        team = self.team(team_ref)
+        name = check_name(name, "key") if name else "key"
+        key, kid = new_key(), "key_" + secrets.token_hex(8)
+        with self._db:
+            self._db.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+                             (kid, team.team_id, name, key_hash(key), mask(key), int(admin),
+                              _now_us()))  # fmt: skip
+        return self.key(kid), key
+
+    def key(self, key_id: str) -> ApiKey:
+        row = self._db.execute(f"SELECT {_KEY_COLS} FROM api_keys WHERE key_id=?",
+                               (key_id,)).fetchone()  # fmt: skip
+        if row is None:
+            raise KeyNotFound(f"key {key_id!r} not found")
+        return _key(row)
+
+    def keys(self, team_ref: str | None = None) -> list[ApiKey]:
+        if team_ref is None:
+            rows = self._db.execute(f"SELECT {_KEY_COLS} FROM api_keys "
+                                    "ORDER BY created_us, key_id").fetchall()  # fmt: skip
+        else:
+            rows = self._db.execute(f"SELECT {_KEY_COLS} FROM api_keys WHERE team_id=? "
+                                    "ORDER BY created_us, key_id",
+                                    (self.team(team_ref).team_id,)).fetchall()  # fmt: skip
+        return [_key(r) for r in rows]
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """From the next request on the key is refused; its record stays, marked."""
+        if key_id == NODE_KEY_ID:
+            raise TeamError("the node's own key is changed through its file (or "
+                            "AENV_API_KEY) and a restart, not revoked")  # fmt: skip
+        key = self.key(key_id)
+        if key.revoked_us is None:
+            with self._db:
+                self._db.execute("UPDATE api_keys SET revoked_us=? WHERE key_id=?",
+                                 (_now_us(), key_id))
+        return self.key(key_id)

@@ -1,0 +1,170 @@
+"""Teams and keys through the API on the fake runtime: the admin routes, isolation (another
+team's sandbox is a 404), per-team limits (429, not to be retried) and revocation at once."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from aenv.api.app import Node
+
+from .conftest import KEY
+from .test_control_plane import assert_error
+
+
+@pytest.fixture
+async def admin(node: Node) -> AsyncIterator[httpx.AsyncClient]:
+    async with _as(node, KEY) as c:
+        yield c
+
+
+def _as(node: Node, key: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=node), base_url="http://aenv",
+                             headers={"X-API-Key": key})  # fmt: skip
+
+
+async def _team_key(admin: httpx.AsyncClient, name: str, **limits: object) -> str:
+    r = await admin.post("/admin/teams", json={"name": name, **limits})
+    assert r.status_code == 201, r.text
+    assert r.json()["usage"] == {"sandboxes": 0, "memoryMB": 0}
+    r = await admin.post("/admin/keys", json={"team": name, "name": "ci"})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["key"].startswith("aenv_") and body["mask"] in (
+        f"{body['key'][:7]}…{body['key'][-4:]}",) and not body["admin"]
+    return str(body["key"])
+
+
+async def _create(c: httpx.AsyncClient, **body: object) -> httpx.Response:
+    return await c.post("/v2/sandboxes", json={"templateID": "base", **body})
+
+
+async def test_another_teams_sandbox_is_not_found_by_any_route(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    blue_key = await _team_key(admin, "blue")
+    async with _as(node, blue_key) as blue:
+        r = await _create(blue)
+        assert r.status_code == 201, r.text
+        mine = r.json()["sandboxID"]
+        theirs = (await _create(admin)).json()["sandboxID"]
+        for c, own, other in ((blue, mine, theirs), (admin, theirs, mine)):
+            assert [s["sandboxID"] for s in (await c.get("/v2/sandboxes")).json()] == [own]
+            assert [s["sandboxID"] for s in (await c.get("/sandboxes")).json()] == [own]
+            assert (await c.get(f"/sandboxes/{own}")).status_code == 200
+            for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/pause"),
+                                 ("POST", "/timeout"), ("POST", "/connect"),
+                                 ("GET", "/logs"), ("GET", "/v2/logs"), ("GET", "/metrics"),
+                                 ("POST", "/fork"), ("POST", "/snapshots")):  # fmt: skip
+                url = (f"/v2/sandboxes/{other}/logs" if path == "/v2/logs"
+                       else f"/sandboxes/{other}{path}")
+                r = await c.request(method, url, json={"timeout": 30})
+                assert_error(r, 404, "doesn't exist")
+        # Nothing of theirs changed: the other team's sandbox still runs.
+        assert (await admin.get(f"/sandboxes/{theirs}")).json()["state"] == "running"
+        r = await blue.post(f"/sandboxes/{mine}/fork", json={"count": 2})
+        assert r.status_code == 201, r.text
+        kids = [k["sandbox"]["sandboxID"] for k in r.json() if "sandbox" in k]
+        assert len(kids) == 2
+        listed = {s["sandboxID"] for s in (await blue.get("/v2/sandboxes")).json()}
+        assert listed == {mine, *kids}  # a fork's children are its team's
+        assert (await admin.get(f"/sandboxes/{kids[0]}")).status_code == 404
+
+
+async def test_a_team_over_its_limits_gets_429_that_says_not_to_retry(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    key = await _team_key(admin, "small", maxSandboxes=2, maxMemoryMB=1024)
+    async with _as(node, key) as small:
+        a = (await _create(small, memoryMB=512)).json()["sandboxID"]
+        r = await _create(small, memoryMB=1024)
+        assert_error(r, 429, "may use 1024 MiB")
+        assert r.headers["should-retry"] == "false" and "retry-after" not in r.headers
+        b = (await _create(small, memoryMB=512)).json()["sandboxID"]
+        r = await _create(small, memoryMB=512)
+        assert_error(r, 429, "may run 2 sandboxes at once and runs 2")
+        assert r.headers["should-retry"] == "false"
+        assert_error(await small.post(f"/sandboxes/{a}/fork", json={"count": 1}), 429)
+        assert (await _create(admin)).status_code == 201  # other teams are not held back
+        t = (await admin.get("/admin/teams/small")).json()
+        assert t["usage"] == {"sandboxes": 2, "memoryMB": 1024}
+        # A paused sandbox holds nothing; its resume is admitted like a create.
+        assert (await small.post(f"/sandboxes/{b}/pause")).status_code == 204
+        assert (await _create(small, memoryMB=512)).status_code == 201
+        assert_error(await small.post(f"/sandboxes/{b}/resume", json={}), 429, "small")
+        r = await admin.patch("/admin/teams/small", json={"maxSandboxes": None})
+        assert r.status_code == 200 and r.json()["maxSandboxes"] is None
+        assert r.json()["maxMemoryMB"] == 1024  # left as it was
+        r = await admin.patch("/admin/teams/small", json={"maxMemoryMB": None})
+        assert (await small.post(f"/sandboxes/{b}/resume", json={})).status_code == 201
+
+
+async def test_a_revoked_key_is_refused_from_the_next_request(
+        node: Node, admin: httpx.AsyncClient, config: object) -> None:  # fmt: skip
+    key = await _team_key(admin, "red")
+    keys = (await admin.get("/admin/keys", params={"team": "red"})).json()
+    assert [k["name"] for k in keys] == ["ci"] and "key" not in keys[0]
+    async with _as(node, key) as red:
+        assert (await red.get("/v2/sandboxes")).status_code == 200
+        assert_error(await red.get("/admin/teams"), 403, "not an admin key")
+        assert_error(await red.post("/admin/keys", json={"team": "red", "admin": True}), 403)
+        r = await admin.delete(f"/admin/keys/{keys[0]['keyID']}")
+        assert r.status_code == 204
+        assert_error(await red.get("/v2/sandboxes"), 401, "Invalid API key")
+        assert_error(await red.post("/v2/sandboxes", content=b"{bad"), 401)
+    after = (await admin.get("/admin/keys", params={"team": "red"})).json()
+    assert after[0]["revokedAt"] is not None
+    # Keys are kept as hashes only.
+    db = sqlite3.connect(node.config.db_path)
+    try:
+        dump = "\n".join(db.iterdump())
+    finally:
+        db.close()
+    assert key not in dump and KEY not in dump
+
+
+async def test_an_admin_key_of_another_team_manages_teams(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    await admin.post("/admin/teams", json={"name": "ops"})
+    r = await admin.post("/admin/keys", json={"team": "ops", "admin": True})
+    async with _as(node, r.json()["key"]) as ops:
+        assert (await ops.post("/admin/teams", json={"name": "green"})).status_code == 201
+        names = [t["name"] for t in (await ops.get("/admin/teams")).json()]
+        assert names == ["default", "ops", "green"]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "text"), [
+    ("POST", "/admin/teams", {"name": "Bad Name"}, 400, "team name"),
+    ("POST", "/admin/teams", {"name": "default"}, 409, "exists"),
+    ("POST", "/admin/teams", {"name": "x", "maxSandboxes": -1}, 400, "maxSandboxes"),
+    ("POST", "/admin/teams", {"name": "x", "maxSandboxes": True}, 400, "maxSandboxes"),
+    ("POST", "/admin/teams", {"name": "x", "extra": 1}, 400, "extra"),
+    ("PATCH", "/admin/teams/nope", {"maxSandboxes": 1}, 404, "not found"),
+    ("PATCH", "/admin/teams/default", {"maxMemoryMB": -5}, 400, "maxMemoryMB"),
+    ("DELETE", "/admin/teams/default", None, 400, "default team"),
+    ("DELETE", "/admin/teams/nope", None, 404, "not found"),
+    ("POST", "/admin/keys", {"team": "nope"}, 404, "not found"),
+    ("POST", "/admin/keys", {"team": "default", "name": "a b"}, 400, "key name"),
+    ("DELETE", "/admin/keys/node", None, 400, "AENV_API_KEY"),
+    ("DELETE", "/admin/keys/key_0000", None, 404, "not found"),
+    ("GET", "/admin/keys?team=nope", None, 404, "not found"),
+])  # fmt: skip
+async def test_bad_admin_requests_get_clear_errors(
+        admin: httpx.AsyncClient, method: str, path: str, body: object, status: int,
+        text: str) -> None:  # fmt: skip
+    r = await admin.request(method, path, json=body)
+    assert_error(r, status, text)
+
+
+async def test_a_team_that_owns_sandboxes_is_not_deleted(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    key = await _team_key(admin, "temp")
+    async with _as(node, key) as temp:
+        sid = (await _create(temp)).json()["sandboxID"]
+        assert_error(await admin.delete("/admin/teams/temp"), 409, "1 sandbox")
+        assert (await temp.delete(f"/sandboxes/{sid}")).status_code == 204
+    assert (await admin.delete("/admin/teams/temp")).status_code == 204
+    assert_error(await admin.get("/admin/teams/temp"), 404)
+    async with _as(node, key) as temp:  # its keys went with it
+        assert_error(await temp.get("/v2/sandboxes"), 401)
