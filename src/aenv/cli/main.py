@@ -21,6 +21,7 @@ from aenv.cli import (
     logs,
     sandboxes,
     snapshots,
+    teams,
     templates,
     transfer,
 )
@@ -76,6 +77,8 @@ app.command("pull")(images.pull)
 app.command("auth")(auth)
 app.command("completion")(completion.completion)
 app.command("census")(census.census)
+app.add_typer(teams.team_app, name="team")
+app.add_typer(teams.key_app, name="key")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(cluster.node_app, name="node")
 
