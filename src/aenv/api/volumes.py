@@ -20,7 +20,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from aenv.api.apierror import ApiError
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import Error
 from aenv.orchestrator import mounts
 from aenv.orchestrator.service import Orchestrator
@@ -95,19 +95,21 @@ def _with_token(request: Request, v: VolumeInfo) -> VolumeAndToken:
 @router.post("/volumes", operation_id="createVolume", status_code=201,
              response_model_exclude_none=True)  # fmt: skip
 async def create_volume(request: Request, body: NewVolume) -> VolumeAndToken:
-    return _with_token(request, await _call(_volumes(request).create, body.name))
+    return _with_token(request, await _call(_volumes(request).create, body.name,
+                                           team_of(request)))
 
 
 @router.get("/volumes", operation_id="listVolumes")
 async def list_volumes(request: Request) -> list[ListedVolume]:
     return [ListedVolume(volumeID=v.volume_id, name=v.name)
-            for v in await _call(_volumes(request).list)]  # fmt: skip
+            for v in await _call(_volumes(request).list, team_of(request))]  # fmt: skip
 
 
 @router.get("/volumes/{volume_id}", operation_id="getVolume", response_model_exclude_none=True)
 async def get_volume(request: Request, volume_id: str) -> VolumeAndToken:
     """By id (or name); its content token with it."""
-    return _with_token(request, await _call(_volumes(request).get, volume_id))
+    return _with_token(request, await _call(_volumes(request).get, volume_id,
+                                           team_of(request)))
 
 
 @router.delete("/volumes/{volume_id}", operation_id="deleteVolume", status_code=204,
@@ -116,12 +118,13 @@ async def delete_volume(request: Request, volume_id: str) -> Response:
     """Refused (409) while a sandbox mounts it, running or paused: its data would vanish
     under the guest."""
     orch = _orch(request)
-    info = await _call(_volumes(request).get, volume_id)
-    users = mounts.volume_users(orch.store, info.name)
+    team = team_of(request)
+    info = await _call(_volumes(request).get, volume_id, team)
+    users = mounts.volume_users(orch.store, info.volume_id)
     if users:
         raise ApiError(409, f"volume {info.name!r} is mounted by {len(users)} sandbox(es), "
                        f"e.g. {users[0]}: kill them first")  # fmt: skip
-    await _call(_volumes(request).delete, info.volume_id)
+    await _call(_volumes(request).delete, info.volume_id, team)
     return Response(status_code=204)
 
 
@@ -143,7 +146,7 @@ async def _tree(request: Request, volume_id: str) -> vtree.Tree:
     if not content_auth_ok(request):
         raise ApiError(401, "invalid or missing volume token (Authorization: Bearer <token>)")
     vols = _volumes(request)
-    info = await _call(vols.get, volume_id)
+    info = await _call(vols.get, volume_id, None)
     return vtree.Tree(vols.root / info.volume_id)
 
 

@@ -31,9 +31,10 @@ def check_path(path: object) -> str:
     return norm
 
 
-async def resolve(volumes: Volumes | None, raw: list[object]) -> list[tuple[str, str, str]]:
+async def resolve(volumes: Volumes | None, raw: list[object], team_id: str
+                  ) -> list[tuple[str, str, str]]:  # fmt: skip
     """E2B's `volumeMounts` ([{name, path}]) as (name, path, volume id); 400 for a bad one,
-    404 for a volume that does not exist."""
+    404 for a volume the team does not have."""
     if not raw:
         return []
     if volumes is None:
@@ -48,17 +49,17 @@ async def resolve(volumes: Volumes | None, raw: list[object]) -> list[tuple[str,
         if any(p == path for _, p, _ in out):
             raise InvalidRequest(f"two volumes mounted at {path}")
         try:
-            info = await volumes.get(m["name"])
+            info = await volumes.get(m["name"], team_id)
         except VolumeNotFound:
             raise NotFound(f"volume {m['name']!r} not found") from None
         out.append((info.name, path, info.volume_id))
     return out
 
 
-def volume_users(store: Store, name: str) -> list[str]:
-    """Ids of the sandboxes, running or paused (every record is one), that mount `name`."""
+def volume_users(store: Store, volume_id: str) -> list[str]:
+    """Ids of the sandboxes, running or paused (every record is one), that mount it."""
     return sorted(r.sandbox_id for r in store.all()
-                  if any(n == name for n, _, _ in r.volume_mounts))
+                  if any(v == volume_id for _, _, v in r.volume_mounts))
 
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS snapshot_volumes (

@@ -258,7 +258,10 @@ class Orchestrator(Pausing, Forking, Networking):
     def owned_by(self, team_id: str) -> list[str]:
         """What the team still owns, in words (empty: nothing; a team is deleted only so)."""
         n = len([r for r in self.store.all() if r.team_id == team_id])
-        return [f"{n} sandbox(es)"] if n else []
+        owned = [f"{n} sandbox(es)"] if n else []
+        if self.volumes is not None and (v := self.volumes.count(team_id)):
+            owned.append(f"{v} volume(s)")
+        return owned
 
     def stats(self) -> dict[SandboxState, int]:
         return self.store.count_by_state()
@@ -358,7 +361,7 @@ class Orchestrator(Pausing, Forking, Networking):
         ingress = self.ingress_for(req)
         await self.check_egress(egress)
         info = await self._resolve(req.template)  # TemplateNotFound -> 404
-        volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts)
+        volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts, req.team_id)
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.
         if req.sandbox_id is not None and (req.existing_only or self.store.get(req.sandbox_id)):

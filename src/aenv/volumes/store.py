@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from aenv.teams.migrate import scope_by_team
+
 ID_PREFIX = "vol_"
 TOKEN_PREFIX = "vtok_"
 # E2B's names: the SDK checks nothing; a name goes into mounts and paths, so keep it plain.
@@ -32,8 +34,10 @@ DEFAULT_UID = DEFAULT_GID = 1000
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS volumes (
     volume_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    created_us INTEGER NOT NULL
+    name TEXT NOT NULL,
+    created_us INTEGER NOT NULL,
+    team_id TEXT NOT NULL,
+    UNIQUE (team_id, name)
 );
 """
 
@@ -86,26 +90,30 @@ class Volumes(Protocol):
 
     root: Path
 
-    async def create(self, name: object) -> VolumeInfo: ...
+    async def create(self, name: object, team_id: str) -> VolumeInfo: ...
 
-    async def get(self, ref: str) -> VolumeInfo: ...
+    async def get(self, ref: str, team_id: str | None) -> VolumeInfo: ...
 
-    async def list(self) -> list[VolumeInfo]: ...
+    async def list(self, team_id: str) -> list[VolumeInfo]: ...
 
-    async def delete(self, ref: str) -> None: ...
+    async def delete(self, ref: str, team_id: str) -> None: ...
+
+    def count(self, team_id: str) -> int: ...
 
 
 class VolumeStore:
     def __init__(self, db: sqlite3.Connection, root: Path) -> None:
         """`db`: the node's database (autocommit); `root`: where volumes' data lives."""
         self._db = db
+        scope_by_team(db, "volumes", _SCHEMA)
         self._db.executescript(_SCHEMA)
         self.root = root
 
     def data_dir(self, volume_id: str) -> Path:
         return self.root / volume_id
 
-    async def create(self, name: object) -> VolumeInfo:
+    async def create(self, name: object, team_id: str) -> VolumeInfo:
+        """A volume of the team's (names are unique within a team)."""
         name = check_name(name)
         vid = ID_PREFIX + secrets.token_hex(10)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -114,30 +122,41 @@ class VolumeStore:
         os.chown(path, DEFAULT_UID, DEFAULT_GID)
         try:
             with self._db:
-                self._db.execute("INSERT INTO volumes VALUES (?, ?, ?)",
-                                 (vid, name, time.time_ns() // 1000))  # fmt: skip
+                self._db.execute("INSERT INTO volumes VALUES (?, ?, ?, ?)",
+                                 (vid, name, time.time_ns() // 1000, team_id))  # fmt: skip
         except sqlite3.IntegrityError:
             path.rmdir()
             raise VolumeExists(f"a volume named {name!r} exists") from None
-        return await self.get(vid)
+        return await self.get(vid, team_id)
 
-    async def get(self, ref: str) -> VolumeInfo:
-        """By id or by name."""
-        row = self._db.execute("SELECT volume_id, name, created_us FROM volumes "
-                               "WHERE volume_id=? OR name=?", (ref, ref)).fetchone()  # fmt: skip
+    async def get(self, ref: str, team_id: str | None) -> VolumeInfo:
+        """The team's volume by id or by name; with no team (the content API, whose token
+        is the volume's own), by id only."""
+        if team_id is None:
+            row = self._db.execute("SELECT volume_id, name, created_us FROM volumes "
+                                   "WHERE volume_id=?", (ref,)).fetchone()  # fmt: skip
+        else:
+            row = self._db.execute(
+                "SELECT volume_id, name, created_us FROM volumes "
+                "WHERE (volume_id=? OR name=?) AND team_id=?", (ref, ref, team_id)).fetchone()
         if row is None:
             raise VolumeNotFound(f"volume {ref!r} not found")
         return VolumeInfo(*row)
 
-    async def list(self) -> list[VolumeInfo]:
+    async def list(self, team_id: str) -> list[VolumeInfo]:
         rows = self._db.execute("SELECT volume_id, name, created_us FROM volumes "
-                                "ORDER BY created_us, volume_id").fetchall()  # fmt: skip
+                                "WHERE team_id=? ORDER BY created_us, volume_id",
+                                (team_id,)).fetchall()  # fmt: skip
         return [VolumeInfo(*r) for r in rows]
 
-    async def delete(self, ref: str) -> None:
+    def count(self, team_id: str) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM volumes WHERE team_id=?",
+                                    (team_id,)).fetchone()[0])  # fmt: skip
+
+    async def delete(self, ref: str, team_id: str) -> None:
         """The record first, then the data: a crash in between leaves a directory no
         record names, which `orphans` finds (the census), never a record without data."""
-        info = await self.get(ref)
+        info = await self.get(ref, team_id)
         with self._db:
             self._db.execute("DELETE FROM volumes WHERE volume_id=?", (info.volume_id,))
         await asyncio.to_thread(shutil.rmtree, self.data_dir(info.volume_id), True)

@@ -168,3 +168,30 @@ async def test_a_team_that_owns_sandboxes_is_not_deleted(
     assert_error(await admin.get("/admin/teams/temp"), 404)
     async with _as(node, key) as temp:  # its keys went with it
         assert_error(await temp.get("/v2/sandboxes"), 401)
+
+
+async def test_volumes_are_the_teams_own_and_names_are_per_team(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    key = await _team_key(admin, "vols")
+    async with _as(node, key) as other:
+        mine = (await admin.post("/volumes", json={"name": "data"})).json()
+        theirs = (await other.post("/volumes", json={"name": "data"})).json()  # no clash
+        assert theirs["volumeID"] != mine["volumeID"]
+        for c, own, foreign in ((admin, mine, theirs), (other, theirs, mine)):
+            assert [v["volumeID"] for v in (await c.get("/volumes")).json()] == [own["volumeID"]]
+            assert (await c.get("/volumes/data")).json()["volumeID"] == own["volumeID"]
+            assert_error(await c.get(f"/volumes/{foreign['volumeID']}"), 404, "not found")
+            assert_error(await c.delete(f"/volumes/{foreign['volumeID']}"), 404)
+            r = await _create(c, volumeMounts=[{"name": foreign["volumeID"], "path": "/mnt/d"}])
+            assert_error(r, 404, "not found")
+            r = await _create(c, volumeMounts=[{"name": "data", "path": "/mnt/d"}])
+            assert r.status_code == 201, r.text
+            sid = r.json()["sandboxID"]
+            rec = node.orchestrator.get(sid)
+            assert [v for _, _, v in rec.volume_mounts] == [own["volumeID"]]
+            # Mounted by its own team's sandbox only: the other's delete is not blocked by it.
+            assert (await c.delete(f"/sandboxes/{sid}")).status_code == 204
+        assert_error(await admin.delete("/admin/teams/vols"), 409, "1 volume")
+        assert (await other.delete("/volumes/data")).status_code == 204
+        assert (await admin.get("/volumes/data")).status_code == 200  # the other one stays
+    assert (await admin.delete("/admin/teams/vols")).status_code == 204
