@@ -9,14 +9,16 @@ import re
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from aenv.api import templates
 from aenv.api.apierror import ApiError
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.internal import client_origin
 from aenv.api.models import Error
 from aenv.images.builds import Build, BuildNotFound, Builds
 from aenv.images.context import ContextError
 from aenv.images.steps import BuildSpec, StepError
 from aenv.machines.api import TemplateNotFound
+from aenv.teams import names
 
 router = APIRouter(
     dependencies=[Depends(require_api_key)],
@@ -73,7 +75,8 @@ async def request_build(request: Request, body: BuildRequest) -> BuildRequested:
     shape = builds.cfg.default_shape.model_copy(update={
         k: v for k, v in (("vcpus", body.cpuCount), ("memory_mib", body.memoryMB))
         if v is not None})  # fmt: skip
-    b = builds.request(name, [name], tags or ["default"], shape)
+    own = names.scoped(name, team_of(request))  # names are per team (teams/names.py)
+    b = builds.request(own, [own], tags or ["default"], shape)
     return BuildRequested(templateID=name, buildID=b.build_id, names=[name], tags=b.tags,
                           aliases=[name])  # fmt: skip
 
@@ -105,8 +108,11 @@ async def start_build(request: Request, template_id: str, build_id: str,
                       spec: BuildSpec) -> Response:
     builds = _builds(request)
     try:
-        builds.start(builds.get(template_id, build_id), spec)
-    except BuildNotFound as e:
+        b = builds.get(names.scoped(template_id, team_of(request)), build_id)
+        if spec.fromTemplate:  # the team's own, else a public one
+            spec.fromTemplate = templates.find(request, spec.fromTemplate).template_id
+        builds.start(b, spec)
+    except (BuildNotFound, TemplateNotFound) as e:
         raise ApiError(404, str(e)) from None
     except StepError as e:
         raise ApiError(400, str(e)) from None
@@ -119,7 +125,7 @@ async def cancel_build(request: Request, template_id: str, build_id: str) -> Res
     """aenv's own (E2B has none): stop a running build; nothing of it is kept."""
     builds = _builds(request)
     try:
-        await builds.cancel(builds.get(template_id, build_id))
+        await builds.cancel(builds.get(names.scoped(template_id, team_of(request)), build_id))
     except BuildNotFound as e:
         raise ApiError(404, str(e)) from None
     except StepError as e:
@@ -148,7 +154,7 @@ async def build_status(request: Request, template_id: str, build_id: str,
                        level: str | None = None) -> dict[str, object]:
     builds = _builds(request)
     try:
-        b = builds.get(template_id, build_id)
+        b = builds.get(names.scoped(template_id, team_of(request)), build_id)
     except BuildNotFound as e:
         raise ApiError(404, str(e)) from None
     return _status(b, logsOffset, limit, level)
@@ -174,7 +180,7 @@ async def assign_tags(request: Request, body: AssignTags) -> dict[str, object]:
     if body.target.endswith(":") or body.target.startswith(":"):
         raise ApiError(400, f"invalid target {body.target!r}: NAME[:TAG]")
     try:
-        t = builds.tag(name, tag, body.tags)
+        t = builds.tag(names.scoped(name, team_of(request)), tag, body.tags)
     except TemplateNotFound as e:
         raise ApiError(404, str(e)) from None
     return {"tags": list(body.tags), "buildID": t.e2b_build_id}
@@ -185,7 +191,7 @@ async def delete_tags(request: Request, body: DeleteTags) -> Response:
     builds = _builds(request)
     name, _ = split_name(body.name)
     try:
-        builds.untag(name, body.tags)
+        builds.untag(names.scoped(name, team_of(request)), body.tags)
     except TemplateNotFound as e:
         raise ApiError(404, str(e)) from None
     return Response(status_code=204)
@@ -196,7 +202,7 @@ async def get_tags(request: Request, template_id: str) -> list[dict[str, str]]:
     builds = _builds(request)
     name, _ = split_name(template_id)
     try:
-        t = builds.template(name)
+        t = builds.template(templates.find(request, name).template_id)
     except TemplateNotFound as e:
         raise ApiError(404, str(e)) from None
     return [{"tag": tag, "buildID": t.e2b_build_id, "createdAt": t.created_at} for tag in t.tags]

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from aenv.api import query
 from aenv.api.apierror import ApiError
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import Error, SandboxesWithMetrics, SandboxMetric
 from aenv.orchestrator.errors import NotFound
 from aenv.orchestrator.service import Orchestrator
@@ -46,8 +46,12 @@ async def sandboxes_metrics(
     if not ids or len(ids) > MAX_IDS:
         raise ApiError(400, f"sandbox_ids: between 1 and {MAX_IDS} comma-separated ids")
     orch = _orch(request)
+    team = team_of(request)
 
     async def latest(sid: str) -> MetricSample | None:
+        rec = orch.store.get(sid)
+        if rec is not None and rec.team_id != team:
+            return None  # another team's: left out like one that does not exist
         try:
             samples = await orch.metrics(sid, orch.now_us() - _window_us(orch), None)
         except NotFound:

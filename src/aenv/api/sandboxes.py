@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from aenv.api import query
+from aenv.api import query, templates
 from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import (
@@ -32,11 +32,13 @@ from aenv.api.models import (
 )
 from aenv.api.takeover import take_over_if_moved
 from aenv.cluster import wire
+from aenv.machines.api import TemplateNotFound
 from aenv.network.transforms import to_json as rules_to_json
 from aenv.orchestrator.errors import Unsupported
 from aenv.orchestrator.service import CreateRequest, Orchestrator
 from aenv.orchestrator.states import PUBLIC_STATE, states_for_public
 from aenv.orchestrator.store import ListQuery, SandboxRecord
+from aenv.teams import names
 
 V2_CREATE_TIMEOUT_S = 300
 V1_CREATE_TIMEOUT_S = 15
@@ -57,11 +59,11 @@ def _orch(request: Request) -> Orchestrator:
 
 def _sandbox(request: Request, rec: SandboxRecord) -> Sandbox:
     fields: dict[str, object] = {
-        "templateID": rec.template_id,
+        "templateID": names.shown(rec.template_id),
         "sandboxID": rec.sandbox_id,
         "clientID": _orch(request).client_id,
         "envdVersion": rec.envd_version,
-        "alias": rec.alias,
+        "alias": rec.alias and names.shown(rec.alias),
         "trafficAccessToken": rec.ingress.traffic_token,
         "domain": request.app.state.domain,
     }
@@ -73,8 +75,8 @@ def _sandbox(request: Request, rec: SandboxRecord) -> Sandbox:
 def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
     paused = PUBLIC_STATE[rec.state] == "paused"
     return {
-        "templateID": rec.template_id,
-        "alias": rec.alias,
+        "templateID": names.shown(rec.template_id),
+        "alias": rec.alias and names.shown(rec.alias),
         "sandboxID": rec.sandbox_id,
         "clientID": _orch(request).client_id,
         "startedAt": query.rfc3339(rec.started_at_us),
@@ -88,6 +90,14 @@ def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
         "pauseTier": _orch(request).runtime.tier(rec.sandbox_id) if paused else None,
     } | ({"volumeMounts": [{"name": n, "path": p} for n, p, _ in rec.volume_mounts]}
          if rec.volume_mounts else {})  # fmt: skip
+
+
+def _template_filter(request: Request, template: str) -> str:
+    """The node's name of the team's `template` (its own, else a public one)."""
+    try:
+        return templates.find(request, template).template_id
+    except TemplateNotFound:
+        return template  # a snapshot's id, or nothing of the team's: matches what it matches
 
 
 def _network_info(rec: SandboxRecord) -> NetworkInfo:
@@ -234,7 +244,7 @@ async def list_sandboxes(
         started_after_us=(
             query.parse_time_us(startedAfter, "startedAfter") if startedAfter else None
         ),
-        template=template,
+        template=template and _template_filter(request, template),
         order="asc" if order == "asc" else "desc",
         limit=limit or MAX_PAGE,
         cursor=query.decode_cursor(nextToken),

@@ -75,7 +75,7 @@ async def list_snapshots(
     """Newest first; `x-next-token` is set only when another page exists."""
     items, nxt = _orch(request).list_snapshots(
         sandbox_id=sandboxID or None, name=name or None, limit=limit or snaps.MAX_PAGE,
-        cursor=query.decode_cursor(nextToken),
+        cursor=query.decode_cursor(nextToken), team_id=team_of(request),
     )  # fmt: skip
     if nxt is not None:
         response.headers["x-next-token"] = query.encode_cursor(nxt)
@@ -89,5 +89,5 @@ async def list_snapshots(
 async def delete_snapshot(request: Request, template_id: str) -> Response:
     """Delete a snapshot: it leaves listings at once; its space is reclaimed when nothing
     uses it. Templates themselves are not deleted through the API (400)."""
-    _orch(request).delete_snapshot(template_id)
+    _orch(request).delete_snapshot(template_id, team_of(request))
     return Response(status_code=204)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import Error, Template, TemplateAlias
 from aenv.machines.api import TemplateInfo, TemplateNotFound
 from aenv.orchestrator.service import Orchestrator
+from aenv.teams import names
 
 router = APIRouter(
     dependencies=[Depends(require_api_key)],
@@ -20,15 +21,16 @@ def _orch(request: Request) -> Orchestrator:
 
 
 def _template(t: TemplateInfo) -> Template:
+    aliases = [names.shown(a) for a in t.aliases]
     return Template(
-        templateID=t.template_id,
+        templateID=names.shown(t.template_id),
         buildID=t.build_id,
         cpuCount=t.shape.vcpus,
         memoryMB=t.shape.memory_mib,
         diskSizeMB=t.shape.disk_mib,
-        public=False,
-        aliases=list(t.aliases),
-        names=list(t.aliases) or [t.template_id],
+        public=names.SEP not in t.template_id,
+        aliases=aliases,
+        names=aliases or [names.shown(t.template_id)],
         createdAt=t.created_at,
         updatedAt=t.created_at,
         envdVersion=t.envd_version,
@@ -40,17 +42,37 @@ def _template(t: TemplateInfo) -> Template:
 
 @router.get("/templates", operation_id="listTemplates")
 async def list_templates(request: Request) -> list[Template]:
-    return [_template(t) for t in _orch(request).templates(usage=True)]
+    """The team's own templates and the public ones it does not shadow with its own."""
+    team = team_of(request)
+    seen = [t for t in _orch(request).templates(usage=True) if names.visible(t.template_id, team)]
+    own = {names.shown(t.template_id) for t in seen if names.SEP in t.template_id}
+    return [_template(t) for t in seen
+            if names.SEP in t.template_id or t.template_id not in own]  # fmt: skip
 
 
 @router.get("/templates/aliases/{alias:path}", operation_id="getTemplateByAlias")
 async def template_by_alias(request: Request, alias: str) -> TemplateAlias:
-    for t in _orch(request).templates():
-        if alias in t.aliases or alias == t.template_id:
-            return TemplateAlias(templateID=t.template_id, public=False)
+    """Another team's template is not found (404), never forbidden: the SDK reads a 403 as
+    "the name is taken", and names are per team."""
+    templates = _orch(request).templates()
+    for n in names.candidates(alias, team_of(request)):
+        for t in templates:
+            if n in t.aliases or n == t.template_id:
+                return TemplateAlias(templateID=names.shown(t.template_id),
+                                     public=names.SEP not in t.template_id)  # fmt: skip
     raise TemplateNotFound(f"template alias '{alias}' not found")
+
+
+def find(request: Request, name: str) -> TemplateInfo:
+    """The team's template `name[:tag]`: its own, else a public one; TemplateNotFound."""
+    for n in names.candidates(name, team_of(request)):
+        try:
+            return _orch(request).template(n)
+        except TemplateNotFound:
+            pass
+    raise TemplateNotFound(f"template '{name}' not found")
 
 
 @router.get("/templates/{template_id:path}", operation_id="getTemplate")
 async def get_template(request: Request, template_id: str) -> Template:
-    return _template(_orch(request).template(template_id))
+    return _template(find(request, template_id))

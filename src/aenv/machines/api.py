@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from aenv.config import MachineShape
 from aenv.network.egress import EgressPolicy
+from aenv.teams.model import DEFAULT_TEAM
 
 AGENT_PORT = 49983
 
@@ -108,6 +109,7 @@ class SnapshotInfo:
     # then what creates from it take from its template, which this node may lack.
     fetched: bool = False
     origin: dict[str, object] = field(default_factory=dict)
+    team_id: str = DEFAULT_TEAM  # the team of the sandbox it was taken from
 
 
 class RuntimeError_(Exception):
@@ -196,7 +198,8 @@ class Runtime(Protocol):
         paused): True. False if none holds one: its next start applies the record's."""
 
     async def snapshot_sandbox(
-        self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True
+        self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True,
+        team_id: str = DEFAULT_TEAM,
     ) -> SnapshotInfo:
         """Clone a running sandbox into a new snapshot; the sandbox keeps running.
         `memory=False`: filesystem-only (the disk alone); creates from it cold-boot."""

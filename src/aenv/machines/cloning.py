@@ -46,6 +46,7 @@ from aenv.storage.snapshots import (
     now_rfc3339,
 )
 from aenv.storage.templates import TemplateMissing
+from aenv.teams.model import DEFAULT_TEAM
 
 log = logging.getLogger(__name__)
 
@@ -344,10 +345,10 @@ class Cloning:
         self.snapshots.put(man, {f: workdir / f for f in man.files}, checksums=False)
 
     async def snapshot_sandbox(self, name: str, snapshot_id: str, names: list[str], *,
-                               memory: bool = True) -> SnapshotInfo:
+                               memory: bool = True, team_id: str = DEFAULT_TEAM) -> SnapshotInfo:
         m = self._machines[name]
         man = self._manifest_of(m, snapshot_id, parent=name, names=names)
-        man.memory = memory
+        man.memory, man.team_id = memory, team_id
         await self.snapshot(name, man)
         return info_of_snapshot(man)
 

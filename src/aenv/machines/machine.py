@@ -131,5 +131,6 @@ def info_of_snapshot(man: Manifest) -> SnapshotInfo:
         template=man.template, created_at=man.created_at, shape=man.shape,
         fetched=man.fetched is not None,
         origin=dict(man.fetched.get("origin") or {}) if man.fetched else {},  # type: ignore[call-overload]
+        team_id=man.team_id,
     )
 

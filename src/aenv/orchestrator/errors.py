@@ -6,6 +6,7 @@
     ├── Unsupported                   (400) a valid E2B option this node cannot honour yet
     ├── StateConflict                 (409) the sandbox is not in a state the call accepts
     ├── CapacityExhausted             (429) over max_sandboxes / max_concurrent_boots; retry later
+    ├── Forbidden                     (403) the team sees it but may not change it
     ├── TeamLimitReached              (429) the caller's team is at its own limit; no retry
     ├── SpaceExhausted                (507) the data filesystem lacks room for the reserve
     └── ShuttingDown                  (503) the node stopped accepting work
@@ -53,6 +54,12 @@ class CapacityExhausted(OrchestratorError):
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class Forbidden(OrchestratorError):
+    """The caller's team sees it but may not change it (a public template)."""
+
+    status = 403
 
 
 class TeamLimitReached(OrchestratorError):

@@ -26,6 +26,7 @@ from aenv.machines.api import (
     VmmExitHandler,
 )
 from aenv.network.egress import EgressPolicy
+from aenv.teams.model import DEFAULT_TEAM
 
 
 def default_templates() -> list[TemplateInfo]:
@@ -79,6 +80,9 @@ class FakeRuntime:
 
     def templates(self, *, usage: bool = False) -> list[TemplateInfo]:
         return list(self._templates)
+
+    def remove_template(self, name: str) -> None:
+        self._templates = [t for t in self._templates if t.template_id != name]
 
     def template(self, name_or_id: str) -> TemplateInfo:
         for t in self._templates:
@@ -182,12 +186,13 @@ class FakeRuntime:
         return True
 
     async def snapshot_sandbox(
-        self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True
+        self, sandbox_id: str, snapshot_id: str, names: list[str], *, memory: bool = True,
+        team_id: str = DEFAULT_TEAM,
     ) -> SnapshotInfo:
         h = self.live[sandbox_id]
         info = SnapshotInfo(
             snapshot_id=snapshot_id, names=list(names), parent=sandbox_id,
-            template=h.template_id, shape=h.shape,
+            template=h.template_id, shape=h.shape, team_id=team_id,
             created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         )  # fmt: skip
         self.snapshots[snapshot_id] = info

@@ -14,6 +14,7 @@ from aenv.orchestrator import mounts
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import (
     CapacityExhausted,
+    Forbidden,
     InvalidRequest,
     NotFound,
     ShuttingDown,
@@ -31,6 +32,7 @@ from aenv.orchestrator.requests import (
 )
 from aenv.orchestrator.states import HOLDS_CAPACITY, SandboxState
 from aenv.orchestrator.store import SandboxRecord
+from aenv.teams import names
 from aenv.teams.model import DEFAULT_TEAM
 
 log = logging.getLogger("aenv.orchestrator")
@@ -57,7 +59,8 @@ class Forking:
             try:
                 async with stage("snapshot", "runtime_snapshot", sandbox_id):
                     info = await self.runtime.snapshot_sandbox(sandbox_id, snap_id, names,
-                                                               memory=memory)
+                                                               memory=memory,
+                                                               team_id=rec.team_id)
             except BaseException:
                 OPS_TOTAL.labels("snapshot", "error").inc()
                 raise
@@ -73,15 +76,18 @@ class Forking:
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
         return info
 
-    def resolve_template(self, name: str, *, fetched: bool = False) -> TemplateInfo:
+    def resolve_template(self, name: str, *, fetched: bool = False,
+                         team_id: str | None = None) -> TemplateInfo:
         """A template by id or alias, else a snapshot by id, else the newest snapshot carrying
         `name`; TemplateNotFound (404) if none. `fetched`: a copy fetched from another node
-        counts too (`_resolve` found it through the cluster)."""
-        try:
-            return self.runtime.template(name)
-        except TemplateNotFound:
-            pass
-        snap = self.find_snapshot(name, fetched=fetched)
+        counts too (`_resolve` found it through the cluster). `team_id`: only what that team
+        sees (its own templates first, then public ones; its own snapshots); None: all."""
+        for n in [name] if team_id is None else names.candidates(name, team_id):
+            try:
+                return self.runtime.template(n)
+            except TemplateNotFound:
+                pass
+        snap = self.find_snapshot(name, fetched=fetched, team_id=team_id)
         try:
             source = self.runtime.template(snap.template)
         except TemplateNotFound:
@@ -98,85 +104,86 @@ class Forking:
             workdir=source.workdir if source else o.get("workdir"),  # type: ignore[arg-type]
         )  # fmt: skip
 
-    async def _resolve(self, name: str) -> TemplateInfo:
+    async def _resolve(self, name: str, team_id: str | None = None) -> TemplateInfo:
         """`resolve_template`, then the cluster: a snapshot another node or the snapshot
         store has is fetched here first."""
-        info = await self._in_cluster(name, self.resolve_template)
+        info = await self._in_cluster(name, team_id, self.resolve_template)
         if info.fetched and self.shared is not None:
             self.shared.used(info.build_id)
         return info
 
-    async def _in_cluster(self, name: str, lookup: Callable[..., _T]) -> _T:
-        """`lookup(name)`; if it is not here, the cluster's copy (fetched here first) looked
-        up by id. TemplateNotFound (404) when neither has it."""
+    async def _in_cluster(self, name: str, team_id: str | None,
+                          lookup: Callable[..., _T]) -> _T:  # fmt: skip
+        """`lookup(name)` as the team sees it; if it is not here, the cluster's copy (fetched
+        here first) looked up by id. TemplateNotFound (404) when neither has it."""
         try:
-            return lookup(name)
+            return lookup(name, team_id=team_id)
         except TemplateNotFound:
             if self.shared is None:
                 raise
-            sid = await self.shared.locate(name)
-            if sid is None:
-                raise
-        return lookup(sid, fetched=True)
+            for n in [name] if team_id is None else names.candidates(name, team_id):
+                sid = await self.shared.locate(n)
+                if sid is not None:
+                    return lookup(sid, fetched=True, team_id=team_id)
+            raise
 
     def snapshot_list(self) -> list[SnapshotInfo]:
         """Every snapshot of this node that is not being deleted."""
         return self._snapshots()
 
-    def _snapshots(self) -> list[SnapshotInfo]:
-        """This node's own snapshots: not those being deleted, nor copies it fetched."""
+    def _snapshots(self, team_id: str | None = None) -> list[SnapshotInfo]:
+        """This node's own snapshots (the team's, if given): not those being deleted, nor
+        copies it fetched."""
         return [s for s in self.runtime.list_snapshots()
-                if not self._snap_refs.hidden(s.snapshot_id) and not s.fetched]  # fmt: skip
+                if not self._snap_refs.hidden(s.snapshot_id) and not s.fetched
+                and team_id in (None, s.team_id)]  # fmt: skip
 
-    def find_snapshot(self, name: str, *, fetched: bool = False) -> SnapshotInfo:
+    def find_snapshot(self, name: str, *, fetched: bool = False,
+                      team_id: str | None = None) -> SnapshotInfo:
         """By id, else the newest carrying `name`; TemplateNotFound (404). A copy fetched
         from another node is found only with `fetched` (by id: the cluster, which says
-        whether it still exists, named it)."""
+        whether it still exists, named it). `team_id`: only that team's (None: any)."""
         if not self._snap_refs.hidden(name):
             try:
                 snap = self.runtime.snapshot_info(name)
-                if fetched or not snap.fetched:
+                if (fetched or not snap.fetched) and team_id in (None, snap.team_id):
                     return snap
             except TemplateNotFound:
                 pass
-        return snaps.newest_named(self._snapshots(), name)
+        return snaps.newest_named(self._snapshots(team_id), name)
 
-    async def _find_shared(self, name: str) -> SnapshotInfo:
+    async def _find_shared(self, name: str, team_id: str | None = None) -> SnapshotInfo:
         """`find_snapshot`, then the cluster (fetched here if another node has it)."""
-        return await self._in_cluster(name, self.find_snapshot)
+        return await self._in_cluster(name, team_id, self.find_snapshot)
 
     def list_snapshots(
         self, sandbox_id: str | None = None, name: str | None = None,
         limit: int = snaps.MAX_PAGE, cursor: tuple[int, str] | None = None,
+        team_id: str | None = None,
     ) -> tuple[list[SnapshotInfo], tuple[int, str] | None]:
-        return snaps.page(self._snapshots(), sandbox_id=sandbox_id, name=name, limit=limit,
-                          cursor=cursor)  # fmt: skip
+        return snaps.page(self._snapshots(team_id), sandbox_id=sandbox_id, name=name,
+                          limit=limit, cursor=cursor)  # fmt: skip
 
-    def delete_snapshot(self, snapshot_id: str) -> None:
+    def delete_snapshot(self, snapshot_id: str, team_id: str | None = None) -> None:
         """Gone from listings and lookups at once; its files go now, or when the last
         restore in flight from it has cloned them. NotFound (404). A template is deleted
         the same way (sandboxes and snapshots made from it keep their own files), except the
-        node's default template (400)."""
+        node's default template (400). `team_id`: only that team's own (a public template
+        is the default team's to delete: 403 for another)."""
         if self._snap_refs.hidden(snapshot_id):
             raise NotFound(f"snapshot '{snapshot_id}' not found")
         try:
-            self.runtime.snapshot_info(snapshot_id)
+            snap = self.runtime.snapshot_info(snapshot_id)
+            mine = team_id in (None, snap.team_id)
         except TemplateNotFound:
-            try:
-                info = self.runtime.template(snapshot_id)
-            except TemplateNotFound:
-                raise NotFound(f"snapshot '{snapshot_id}' not found") from None
-            if info.template_id == self.config.default_template:
-                raise Unsupported(f"'{snapshot_id}' is the node's default template: it is "
-                                  "rebuilt or removed with the aenv CLI") from None
-            if not hasattr(self.runtime, "remove_template"):
-                raise Unsupported(f"'{snapshot_id}' is a template this runtime cannot "
-                                  "remove") from None
+            mine = False
+        if mine:
+            own = True
+        else:
+            info = self._deletable_template(snapshot_id, team_id)
             self.runtime.remove_template(info.template_id)
             snapshot_id = info.build_id  # the template's snapshot, deleted like any other
             own = not info.fetched  # a fetched copy's publication is its own node's
-        else:
-            own = True
         if self._snap_refs.doom(snapshot_id):
             self._delete_snapshot_files(snapshot_id)
         if self.shared is not None and own:
@@ -184,6 +191,26 @@ class Forking:
         OPS_TOTAL.labels("snapshot_delete", "ok").inc()
         log_event(log, "snapshot.deleted", snapshot_id=snapshot_id,
                   deferred=self._snap_refs.hidden(snapshot_id))  # fmt: skip
+
+    def _deletable_template(self, name: str, team_id: str | None) -> TemplateInfo:
+        """The template `name` names for the team, if the team may delete it: NotFound,
+        Forbidden (a public one, for another team), Unsupported (the node's default)."""
+        for n in [name] if team_id is None else names.candidates(name, team_id):
+            try:
+                info = self.runtime.template(n)
+                break
+            except TemplateNotFound:
+                pass
+        else:
+            raise NotFound(f"snapshot '{name}' not found")
+        if team_id is not None and not names.owns(info.template_id, team_id):
+            raise Forbidden(f"template '{name}' is public: only the default team removes it")
+        if info.template_id == self.config.default_template:
+            raise Unsupported(f"'{name}' is the node's default template: it is rebuilt or "
+                              "removed with the aenv CLI")  # fmt: skip
+        if not hasattr(self.runtime, "remove_template"):
+            raise Unsupported(f"'{name}' is a template this runtime cannot remove")
+        return info
 
     def _delete_snapshot_files(self, snapshot_id: str) -> None:
         try:
@@ -272,7 +299,7 @@ class Forking:
         if isinstance(count, bool) or not 1 <= count <= MAX_FORK_COUNT:
             raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
         self._check_timeout(timeout_s)
-        snap = await self._find_shared(snapshot)  # TemplateNotFound -> 404
+        snap = await self._find_shared(snapshot, team_id)  # TemplateNotFound -> 404
         info = self.resolve_template(snap.snapshot_id, fetched=True)
         self._refuse(new=True)
         self.admit_team(team_id, count, count * info.shape.memory_mib, f"create {count}")

@@ -360,7 +360,7 @@ class Orchestrator(Pausing, Forking, Networking):
                                  req.dns_servers, req.egress_proxy, req.rules)  # fmt: skip
         ingress = self.ingress_for(req)
         await self.check_egress(egress)
-        info = await self._resolve(req.template)  # TemplateNotFound -> 404
+        info = await self._resolve(req.template, req.team_id)  # TemplateNotFound -> 404
         volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts, req.team_id)
         shape = self._shape(info.shape, req)
         # From the admission check to the insert there is no await: the count stays exact.

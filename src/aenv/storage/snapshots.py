@@ -33,6 +33,7 @@ from aenv.config import MachineShape
 from aenv.faults import fault
 from aenv.storage import checksums as checksums_mod
 from aenv.storage.files import clone, fsync_path, write_json_atomic
+from aenv.teams.model import DEFAULT_TEAM
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Manifest:
     # Set on a copy this node fetched from a peer or the snapshot store (store/): where
     # from and when, and what creates from it take from its template (Published.origin).
     fetched: dict[str, object] | None = None
+    # The team of the sandbox it was taken from (teams/): only that team sees it, on any node.
+    team_id: str = DEFAULT_TEAM
 
     @property
     def files(self) -> tuple[str, ...]:

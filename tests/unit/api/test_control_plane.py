@@ -381,7 +381,7 @@ async def test_templates_and_aliases(client: httpx.AsyncClient) -> None:
     [t] = r.json()
     assert t["templateID"] == "base" and t["aliases"] == ["base"] and t["envdVersion"]
     r = await client.get("/templates/aliases/base")
-    assert r.status_code == 200 and r.json() == {"templateID": "base", "public": False}
+    assert r.status_code == 200 and r.json() == {"templateID": "base", "public": True}
     assert_error(await client.get("/templates/aliases/team%2Fname%3Atag"), 404, "team/name:tag")
     assert_error(await client.get("/templates/aliases/nope"), 404)
     assert (await client.get("/templates/base")).status_code == 200

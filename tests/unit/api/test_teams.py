@@ -3,6 +3,7 @@ team's sandbox is a 404), per-team limits (429, not to be retried) and revocatio
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator
 
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from aenv.api.app import Node
+from aenv.orchestrator.fake import FakeRuntime
 
 from .conftest import KEY
 from .test_control_plane import assert_error
@@ -195,3 +197,47 @@ async def test_volumes_are_the_teams_own_and_names_are_per_team(
         assert (await other.delete("/volumes/data")).status_code == 204
         assert (await admin.get("/volumes/data")).status_code == 200  # the other one stays
     assert (await admin.delete("/admin/teams/vols")).status_code == 204
+
+
+async def test_templates_and_snapshots_are_per_team_and_public_ones_are_everyones(
+        node: Node, admin: httpx.AsyncClient, runtime: FakeRuntime) -> None:  # fmt: skip
+    key = await _team_key(admin, "tpl")
+    team = (await admin.get("/admin/teams/tpl")).json()["teamID"]
+    base = runtime.template("base")
+    # A template of the team's named "py", and a public one of the same name.
+    runtime._templates += [dataclasses.replace(base, template_id=f"py~{team}", aliases=[],
+                                               build_id="b-team"),
+                           dataclasses.replace(base, template_id="py", aliases=[],
+                                               build_id="b-public")]  # fmt: skip
+    async with _as(node, key) as other:
+        listed = {t["templateID"]: t for t in (await other.get("/templates")).json()}
+        assert set(listed) == {"base", "py"} and listed["py"]["buildID"] == "b-team"
+        assert not listed["py"]["public"] and listed["base"]["public"]
+        assert (await other.get("/templates/py")).json()["buildID"] == "b-team"
+        assert (await admin.get("/templates/py")).json()["buildID"] == "b-public"
+        assert (await other.get("/templates/aliases/py")).json() == {"templateID": "py",
+                                                                      "public": False}
+        for name in ("nope", f"py~{team}x", f"base~{team}"):
+            assert_error(await other.get(f"/templates/aliases/{name}"), 404)
+        assert_error(await admin.get(f"/templates/py~{team}"), 404)  # not the admin's either
+        r = await _create(other, templateID="py")
+        assert r.status_code == 201 and r.json()["templateID"] == "py", r.text
+        sid = r.json()["sandboxID"]
+        assert node.orchestrator.get(sid).template_id == f"py~{team}"
+        listed = (await other.get("/v2/sandboxes", params={"template": "py"})).json()
+        assert [s["sandboxID"] for s in listed] == [sid] and listed[0]["templateID"] == "py"
+        assert_error(await other.delete("/templates/base"), 403, "public")
+
+        snap = (await other.post(f"/sandboxes/{sid}/snapshots", json={"name": "step"})).json()
+        assert [s["snapshotID"] for s in (await other.get("/snapshots")).json()] == [
+            snap["snapshotID"]]
+        assert (await admin.get("/snapshots")).json() == []
+        for ref in (snap["snapshotID"], "step"):
+            assert_error(await _create(admin, templateID=ref), 404)
+            assert_error(await admin.post(f"/snapshots/{ref}/fork", json={"count": 1}), 404)
+            assert_error(await admin.delete(f"/templates/{ref}"), 404)
+        r = await _create(other, templateID="step")
+        assert r.status_code == 201, r.text
+        assert (await other.delete(f"/templates/{snap['snapshotID']}")).status_code == 204
+        assert (await other.delete("/templates/py")).status_code == 204  # its own
+        assert (await admin.get("/templates/py")).json()["buildID"] == "b-public"
