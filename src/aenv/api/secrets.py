@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr
 
 from aenv.api import query
 from aenv.api.apierror import ApiError
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import Error
 from aenv.secrets.store import MAX_LIMIT, SecretError, SecretInfo, Secrets
 
@@ -64,7 +64,8 @@ async def _call(fn: Any, *args: Any) -> Any:
 
 @router.post("/secrets", operation_id="createSecret", status_code=201)
 async def create_secret(request: Request, body: NewSecret) -> Secret:
-    return _out(await _call(_store(request).create, body.name, body.value, body.metadata))
+    return _out(await _call(_store(request).create, team_of(request), body.name, body.value,
+                            body.metadata))
 
 
 @router.get("/secrets", operation_id="listSecrets")
@@ -73,7 +74,7 @@ async def list_secrets(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,
     nextToken: Annotated[str | None, Query()] = None,  # E2B's query key
 ) -> list[Secret]:
-    items, nxt = await _call(_store(request).page, limit, nextToken)
+    items, nxt = await _call(_store(request).page, team_of(request), limit, nextToken)
     if nxt is not None:
         response.headers[NEXT_TOKEN_HEADER] = nxt
     return [_out(s) for s in items]
@@ -81,17 +82,18 @@ async def list_secrets(
 
 @router.get("/secrets/{secret_id}", operation_id="getSecret")
 async def get_secret(request: Request, secret_id: str) -> Secret:
-    return _out(await _call(_store(request).get, secret_id))
+    return _out(await _call(_store(request).get, team_of(request), secret_id))
 
 
 @router.post("/secrets/{secret_id}", operation_id="updateSecret")
 async def update_secret(request: Request, secret_id: str, body: SecretUpdate) -> Secret:
     """A new version, current from now on; `metadata`, if given, replaces the old."""
-    return _out(await _call(_store(request).update, secret_id, body.value, body.metadata))
+    return _out(await _call(_store(request).update, team_of(request), secret_id, body.value,
+                            body.metadata))
 
 
 @router.delete("/secrets/{secret_id}", operation_id="deleteSecret", status_code=204,
                response_class=Response)
 async def delete_secret(request: Request, secret_id: str) -> Response:
-    await _call(_store(request).delete, secret_id)
+    await _call(_store(request).delete, team_of(request), secret_id)
     return Response(status_code=204)

@@ -130,7 +130,7 @@ async def set_limits(request: Request, team: str, body: TeamLimits) -> TeamOut:
 async def delete_team(request: Request, team: str) -> Response:
     orch = request.app.state.orchestrator
     t = _call(_teams(request).team, team)
-    owned = orch.owned_by(t.team_id)
+    owned = await orch.owned_by(t.team_id)
     if owned:
         raise ApiError(409, f"team {t.name!r} still owns {', '.join(owned)}: remove them first")
     _call(_teams(request).delete_team, t.team_id)

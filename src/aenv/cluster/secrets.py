@@ -1,9 +1,10 @@
 """A cluster's secrets: in its etcd, so every node reads them (a sandbox resumed or forked on
 another node keeps its rules working), sealed under the secrets key that every node holds.
 
-    <prefix>secrets/id/<secretID>    {"name", "version", "metadata", "created_us",
+    <prefix>secrets/id/<secretID>    {"name", "team", "version", "metadata", "created_us",
                                       "updated_us", "sealed": {version: base64}}
-    <prefix>secrets/name/<name>      <secretID>
+    <prefix>secrets/name/<name>      <secretID>, for the default team's (as before teams)
+    <prefix>secrets/name/{<team>}<name>  <secretID>, for another team's ('{' is in no name)
     <prefix>secrets/key              the cluster's key, unless the operator gives one
     <prefix>secrets/key-check        a value sealed under the cluster's key
     <prefix>secrets/egress-ca        the egress CA (interception_ca.py): its certificate, and
@@ -46,6 +47,7 @@ from aenv.secrets.store import (
     parse_page_token,
 )
 from aenv.secrets.vault import Vault, VaultError
+from aenv.teams.model import DEFAULT_TEAM
 
 KEEP_VERSIONS = 16  # older versions are dropped: etcd values stay small
 _CHECK = b"aenv secrets key check"
@@ -115,12 +117,13 @@ class EtcdSecrets:
                 "network.ca_cert_file and ca_key_file, or none")
         return theirs["cert"], theirs["key"]
 
-    async def create(self, name: object, value: object, metadata: object = None) -> SecretInfo:
+    async def create(self, team_id: str, name: object, value: object, metadata: object = None
+                     ) -> SecretInfo:  # fmt: skip
         n, data, meta = check_new(name, value, metadata)
         sid, now = new_id(), _now_us()
-        doc = {"name": n, "version": 1, "metadata": meta, "created_us": now,
+        doc = {"name": n, "team": team_id, "version": 1, "metadata": meta, "created_us": now,
                "updated_us": now, "sealed": {"1": self._seal(sid, 1, data)}}  # fmt: skip
-        name_key = self._p + "name/" + n
+        name_key = self._name_key(team_id, n)
         r = await self._etcd.txn([compare_version(name_key, "EQUAL", 0)],
                                  [put_op(name_key, sid),
                                   put_op(self._id_key(sid), json.dumps(doc))])  # fmt: skip
@@ -128,11 +131,12 @@ class EtcdSecrets:
             raise SecretExists(f"a secret named {n!r} exists")
         return _info(sid, doc)
 
-    async def update(self, ref: str, value: object, metadata: object = None) -> SecretInfo:
+    async def update(self, team_id: str, ref: str, value: object, metadata: object = None
+                     ) -> SecretInfo:  # fmt: skip
         data = check_value(value)
         meta = None if metadata is None else check_metadata(metadata)
         for _ in range(_RETRIES):
-            sid, doc, rev = await self._read(ref)
+            sid, doc, rev = await self._read(team_id, ref)
             version = int(doc["version"]) + 1
             sealed: dict[str, str] = doc["sealed"]
             sealed[str(version)] = self._seal(sid, version, data)
@@ -148,27 +152,35 @@ class EtcdSecrets:
                 return _info(sid, doc)
         raise SecretExists(f"secret {ref!r} changed under every attempt; try again")
 
-    async def delete(self, ref: str) -> None:
-        sid, doc, _ = await self._read(ref)
+    async def delete(self, team_id: str, ref: str) -> None:
+        sid, doc, _ = await self._read(team_id, ref)
         await self._etcd.txn([], [delete_op(self._id_key(sid)),
-                                  delete_op(self._p + "name/" + doc["name"])])  # fmt: skip
+                                  delete_op(self._name_key(team_id, doc["name"]))])  # fmt: skip
 
-    async def get(self, ref: str) -> SecretInfo:
-        sid, doc, _ = await self._read(ref)
+    async def get(self, team_id: str, ref: str) -> SecretInfo:
+        sid, doc, _ = await self._read(team_id, ref)
         return _info(sid, doc)
 
-    async def page(self, limit: int, token: str | None) -> tuple[list[SecretInfo], str | None]:
+    async def _docs(self, team_id: str) -> list[tuple[str, dict[str, Any]]]:
+        kvs, _ = await self._etcd.get_prefix(self._p + "id/")
+        docs = ((kv.key.rsplit("/", 1)[1], json.loads(kv.value)) for kv in kvs)
+        return [(sid, d) for sid, d in docs if _team(d) == team_id]
+
+    async def page(self, team_id: str, limit: int, token: str | None
+                   ) -> tuple[list[SecretInfo], str | None]:  # fmt: skip
         check_limit(limit)
         after = parse_page_token(token)
-        kvs, _ = await self._etcd.get_prefix(self._p + "id/")
-        items = sorted((_info(kv.key.rsplit("/", 1)[1], json.loads(kv.value)) for kv in kvs),
+        items = sorted((_info(sid, d) for sid, d in await self._docs(team_id)),
                        key=lambda i: (i.created_us, i.secret_id))  # fmt: skip
         items = [i for i in items if (i.created_us, i.secret_id) > after]
         page = items[:limit]
         return page, page_token(page[-1]) if len(items) > limit else None
 
-    async def value(self, ref: str) -> str:
-        sid, doc, _ = await self._read(ref)
+    async def count(self, team_id: str) -> int:
+        return len(await self._docs(team_id))
+
+    async def value(self, team_id: str, ref: str) -> str:
+        sid, doc, _ = await self._read(team_id, ref)
         v = int(doc["version"])
         sealed = base64.b64decode(doc["sealed"][str(v)])
         return self._vault.open(sealed, f"{sid}/{v}").decode()
@@ -179,18 +191,25 @@ class EtcdSecrets:
     def _id_key(self, sid: str) -> str:
         return self._p + "id/" + sid
 
-    async def _read(self, ref: str) -> tuple[str, dict[str, Any], int]:
-        """(id, document, its mod revision), by id or by name."""
+    def _name_key(self, team_id: str, name: str) -> str:
+        return self._p + "name/" + (name if team_id == DEFAULT_TEAM else f"{{{team_id}}}{name}")
+
+    async def _read(self, team_id: str, ref: str) -> tuple[str, dict[str, Any], int]:
+        """(id, document, its mod revision) of the team's secret, by id or by name."""
         sid = ref
         if not ref.startswith("sec_"):
-            kv = await self._etcd.get(self._p + "name/" + ref.strip().lower())
+            kv = await self._etcd.get(self._name_key(team_id, ref.strip().lower()))
             if kv is None:
                 raise SecretNotFound(f"secret {ref!r} not found")
             sid = kv.value.decode()
         kv = await self._etcd.get(self._id_key(sid))
-        if kv is None:
+        if kv is None or _team(doc := json.loads(kv.value)) != team_id:
             raise SecretNotFound(f"secret {ref!r} not found")
-        return sid, json.loads(kv.value), kv.mod_revision
+        return sid, doc, kv.mod_revision
+
+
+def _team(doc: dict[str, Any]) -> str:
+    return str(doc.get("team") or DEFAULT_TEAM)  # written before teams: the default's
 
 
 def _info(sid: str, doc: dict[str, Any]) -> SecretInfo:

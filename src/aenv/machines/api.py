@@ -138,7 +138,7 @@ class Runtime(Protocol):
     on_vmm_exit: VmmExitHandler | None
     # A secret's current value by name (the orchestrator's SecretStore.value): the egress
     # proxy fills `network.rules` placeholders with it. Raises for an unknown one.
-    secret_value: Callable[[str], Awaitable[str]] | None
+    secret_value: Callable[[str, str], Awaitable[str]] | None  # (team, name) -> value
 
     async def start(self) -> None: ...
 

@@ -107,7 +107,7 @@ class Runtime(Pausing, Cloning, Adopting):
         # network.rules: TLS interception and request rewriting, by the slots' own listeners
         # and, for the node's sandbox URLs, by the egress proxy.
         self.interceptor = Interceptor(lambda: load_ca(*ca_paths(cfg)), upstream_context(cfg),
-                                       secret=lambda name: self._secret(name))  # fmt: skip
+                                       secret=self._secret)  # fmt: skip
         interceptor = self.interceptor
         self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=interceptor)
         # The slots' own listeners: egressProxy (SOCKS5) and network.rules.
@@ -126,7 +126,8 @@ class Runtime(Pausing, Cloning, Adopting):
             "primed_snapshot", cfg.primed_snapshot_pool_size, self.prime, self._destroy,
             self._watch, refill_delay_s=PRIMED_REFILL_DELAY_S)
         self.on_vmm_exit: VmmExitHandler | None = None  # the orchestrator's
-        self.secret_value: Callable[[str], Awaitable[str]] | None = None  # the orchestrator's
+        # The orchestrator's: (team, name) -> the value of that team's secret.
+        self.secret_value: Callable[[str, str], Awaitable[str]] | None = None
         self.hot = hot.HotTier(cfg, self._stop)
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
 
@@ -342,10 +343,10 @@ class Runtime(Pausing, Cloning, Adopting):
         if cert != self.interceptor.ca.pem:
             self.interceptor.ca = InterceptionCA(cert, key)
 
-    async def _secret(self, name: str) -> str:
+    async def _secret(self, team_id: str, name: str) -> str:
         if self.secret_value is None:
             raise LookupError(name)
-        return await self.secret_value(name)
+        return await self.secret_value(team_id, name)
 
     async def _apply_egress(self, slot: Slot, policy: EgressPolicy, *, fresh: bool) -> None:
         # The slot's listener exists before the rules name it, and closes after they stop.

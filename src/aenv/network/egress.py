@@ -38,7 +38,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyroute2 import IPRoute
 
@@ -128,6 +128,13 @@ class EgressPolicy:
     egress_proxy: SocksProxy | None = None
     # E2B's network.rules: HTTP(S) to these domains is intercepted and rewritten.
     rules: tuple[Rule, ...] = ()
+
+    def owned_by(self, team_id: str) -> EgressPolicy:
+        """The policy as the runtime applies it for a sandbox of `team_id`: its rules'
+        placeholders name that team's secrets."""
+        if not self.rules:
+            return self
+        return replace(self, rules=tuple(replace(r, owner=team_id) for r in self.rules))
 
     @classmethod
     def from_request(cls, internet: bool, allow_out: Sequence[object] = (),

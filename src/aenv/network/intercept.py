@@ -26,7 +26,7 @@ from aenv.network.interception_ca import InterceptionCA
 from aenv.network.relay import CHUNK, Tunnel
 from aenv.network.transforms import Rule, resolve
 
-SecretLookup = Callable[[str], Awaitable[str]]
+SecretLookup = Callable[[str, str], Awaitable[str]]  # (team, name) -> value
 log = logging.getLogger(__name__)
 
 
@@ -114,7 +114,7 @@ async def _headers(rule: Rule, ic: Interceptor) -> list[tuple[bytes, bytes]]:
         if ic.secret is None:
             raise _Refused("this node has no secrets")
         try:
-            values[n] = await ic.secret(n)
+            values[n] = await ic.secret(rule.owner, n)
         except LookupError as e:
             raise _Refused(f"secret {n!r} is gone") from e
         except ValueError as e:  # the store's not-found is a ValueError (SecretNotFound)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aenv.network.domains import DomainError, matches, parse_pattern
+from aenv.teams.model import DEFAULT_TEAM
 
 MAX_HOSTS = 64
 MAX_HEADERS = 32
@@ -39,6 +40,9 @@ class TransformError(ValueError):
 class Rule:
     pattern: str  # domains.py pattern
     headers: tuple[tuple[str, str], ...]  # in order; later rules of a host override
+    # Whose secrets the placeholders name: the sandbox's team, set where the policy is
+    # handed to the runtime (EgressPolicy.owned_by), never from a request.
+    owner: str = DEFAULT_TEAM
 
     def secret_names(self) -> set[str]:
         return {m[2] for _, v in self.headers for m in _PLACEHOLDER.finditer(v)}

@@ -66,7 +66,7 @@ class FakeRuntime:
         self.fail_next_resume: Exception | None = None
         self.exited: set[str] = set()  # live sandboxes whose "VMM" died (`vmm_exit`)
         self.on_vmm_exit: VmmExitHandler | None = None
-        self.secret_value: Callable[[str], Awaitable[str]] | None = None
+        self.secret_value: Callable[[str, str], Awaitable[str]] | None = None
         self.started = False
         self.closed = False
 

@@ -49,14 +49,14 @@ class Networking:
         except EgressPolicyError as e:
             raise InvalidRequest(str(e)) from None
 
-    async def check_egress(self, policy: EgressPolicy) -> None:
+    async def check_egress(self, policy: EgressPolicy, team_id: str) -> None:
         """InvalidRequest if the egressProxy does not resolve, or resolves inside, or a rule
         names a secret that does not exist (aenv's choice: E2B would fail at the request)."""
         for rule in policy.rules:
             for name in sorted(rule.secret_names()):
                 try:
                     assert self.secrets is not None
-                    await self.secrets.get(name)
+                    await self.secrets.get(team_id, name)
                 except SecretNotFound:
                     raise InvalidRequest(f"network.rules[{rule.pattern!r}]: secret {name!r} "
                                          "does not exist") from None
@@ -82,7 +82,7 @@ class Networking:
         """Replace a running or paused sandbox's egress policy (see the module docstring)."""
         policy = self.egress_for(allow_internet, allow_out, deny_out, dns_servers, egress_proxy,
                                  rules)  # fmt: skip
-        await self.check_egress(policy)
+        await self.check_egress(policy, self.get(sandbox_id).team_id)  # NotFound
         async with self._locks.hold(sandbox_id):
             rec = self.get(sandbox_id)  # NotFound
             if rec.state not in (S.RUNNING, S.PAUSED):
@@ -90,7 +90,7 @@ class Networking:
             # The slot first: were the node to die before the record, the slot (which a
             # re-adopted VM keeps) holds the newer, and a caller that saw no answer retries.
             try:
-                live = await self.runtime.set_egress(sandbox_id, policy)
+                live = await self.runtime.set_egress(sandbox_id, policy.owned_by(rec.team_id))
             except (OSError, RulesError) as e:
                 raise Unavailable(f"the network update could not be applied: {e}") from e
             if not self.store.set_egress(sandbox_id, [rec.state], policy, allow_internet,

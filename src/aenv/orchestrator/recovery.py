@@ -84,7 +84,8 @@ async def recover(orch: Node) -> dict[str, int]:
             if rec.egress.domains or rec.egress.egress_proxy:  # the slot points at the last
                 # process's egress proxy or tunnel listener
                 try:
-                    await orch.runtime.set_egress(rec.sandbox_id, rec.egress)
+                    await orch.runtime.set_egress(rec.sandbox_id,
+                                                  rec.egress.owned_by(rec.team_id))
                 except Exception:
                     log.exception("recovery.egress_failed sandbox_id=%s", rec.sandbox_id)
             counts["adopted"] += 1

@@ -39,7 +39,8 @@ def agent_init(rec: SandboxRecord, volumes_dir: Path) -> AgentInit:
     """What every start of `rec` (create, resume, fork child) sets up around its guest."""
     return AgentInit(access_token=rec.access_token, env_vars=dict(rec.env_vars),
                      default_user=rec.default_user or "user",
-                     default_workdir=rec.default_workdir, egress=rec.egress,
+                     default_workdir=rec.default_workdir,
+                     egress=rec.egress.owned_by(rec.team_id),
                      volumes=[VolumeMount(name=n, path=p, host_dir=volumes_dir / vid)
                               for n, p, vid in rec.volume_mounts])  # fmt: skip
 

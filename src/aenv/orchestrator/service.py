@@ -55,6 +55,7 @@ from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, Sandb
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
+from aenv.teams import names
 from aenv.teams.store import TeamStore
 from aenv.volumes.store import Volumes, VolumeStore
 
@@ -114,10 +115,10 @@ class Orchestrator(Pausing, Forking, Networking):
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def _secret_value(self, name: str) -> str:
+    async def _secret_value(self, team_id: str, name: str) -> str:
         if self.secrets is None:
             raise LookupError(name)
-        return await self.secrets.value(name)
+        return await self.secrets.value(team_id, name)
 
     async def start(self) -> None:
         faults.arm(self.config.faults)  # crash tests only; empty: every point is a no-op
@@ -129,7 +130,7 @@ class Orchestrator(Pausing, Forking, Networking):
         self.volumes = VolumeStore(self.store.db, self.config.volumes_dir)
         self.teams = TeamStore(self.store.db)
         # The egress proxy fills rules with them (whichever store holds them by then).
-        self.runtime.secret_value = lambda name: self._secret_value(name)
+        self.runtime.secret_value = self._secret_value
         obs.SANDBOX_EVENTS.append(self.logs.capture)
         self.runtime.on_vmm_exit = self._vmm_exited  # adopted VMs are watched too
         async with stage("node", "runtime_start"):
@@ -255,12 +256,19 @@ class Orchestrator(Pausing, Forking, Networking):
     def list(self, q: ListQuery) -> tuple[list[SandboxRecord], tuple[int, str] | None]:
         return self.store.list(q)
 
-    def owned_by(self, team_id: str) -> list[str]:
+    async def owned_by(self, team_id: str) -> list[str]:
         """What the team still owns, in words (empty: nothing; a team is deleted only so)."""
         n = len([r for r in self.store.all() if r.team_id == team_id])
         owned = [f"{n} sandbox(es)"] if n else []
+        if t := len([t for t in self.runtime.templates()
+                     if names.SEP in t.template_id and names.owns(t.template_id, team_id)]):
+            owned.append(f"{t} template(s)")
+        if s := len(self._snapshots(team_id)):
+            owned.append(f"{s} snapshot(s)")
         if self.volumes is not None and (v := self.volumes.count(team_id)):
             owned.append(f"{v} volume(s)")
+        if self.secrets is not None and (c := await self.secrets.count(team_id)):
+            owned.append(f"{c} secret(s)")
         return owned
 
     def stats(self) -> dict[SandboxState, int]:
@@ -359,7 +367,7 @@ class Orchestrator(Pausing, Forking, Networking):
         egress = self.egress_for(req.allow_internet, req.allow_out, req.deny_out,
                                  req.dns_servers, req.egress_proxy, req.rules)  # fmt: skip
         ingress = self.ingress_for(req)
-        await self.check_egress(egress)
+        await self.check_egress(egress, req.team_id)
         info = await self._resolve(req.template, req.team_id)  # TemplateNotFound -> 404
         volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts, req.team_id)
         shape = self._shape(info.shape, req)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aenv.secrets.vault import Vault
+from aenv.teams.migrate import scope_by_team
 
 ID_PREFIX = "sec_"
 MAX_NAME = 255
@@ -31,11 +32,13 @@ _BAD_NAME = re.compile(r"[{}\x00-\x1f\x7f-\x9f]")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS secrets (
     secret_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL,
     current_version INTEGER NOT NULL,
     metadata TEXT NOT NULL,
     created_us INTEGER NOT NULL,
-    updated_us INTEGER NOT NULL
+    updated_us INTEGER NOT NULL,
+    team_id TEXT NOT NULL,
+    UNIQUE (team_id, name)
 );
 CREATE TABLE IF NOT EXISTS secret_versions (
     secret_id TEXT NOT NULL REFERENCES secrets(secret_id) ON DELETE CASCADE,
@@ -116,22 +119,25 @@ def _now_us() -> int:
 
 class Secrets(Protocol):
     """Where a node's secrets live: its database (SecretStore), or its cluster's etcd
-    (cluster/secrets.py). SecretError on bad input, SecretNotFound, SecretExists."""
+    (cluster/secrets.py). Each belongs to a team (names are unique within it) and is found
+    only by that team. SecretError on bad input, SecretNotFound, SecretExists."""
 
-    async def create(self, name: object, value: object, metadata: object = None
+    async def create(self, team_id: str, name: object, value: object, metadata: object = None
                      ) -> SecretInfo: ...  # fmt: skip
 
-    async def update(self, ref: str, value: object, metadata: object = None
+    async def update(self, team_id: str, ref: str, value: object, metadata: object = None
                      ) -> SecretInfo: ...  # fmt: skip
 
-    async def delete(self, ref: str) -> None: ...
+    async def delete(self, team_id: str, ref: str) -> None: ...
 
-    async def get(self, ref: str) -> SecretInfo: ...
+    async def get(self, team_id: str, ref: str) -> SecretInfo: ...
 
-    async def page(self, limit: int, token: str | None
+    async def page(self, team_id: str, limit: int, token: str | None
                    ) -> tuple[list[SecretInfo], str | None]: ...  # fmt: skip
 
-    async def value(self, ref: str) -> str: ...
+    async def value(self, team_id: str, ref: str) -> str: ...
+
+    async def count(self, team_id: str) -> int: ...
 
 
 def page_token(info: SecretInfo) -> str:
@@ -166,30 +172,33 @@ class SecretStore:
     def __init__(self, db: sqlite3.Connection, vault: Vault) -> None:
         """`db`: the node's database (orchestrator/store.py), autocommit, foreign keys on."""
         self._db = db
+        scope_by_team(db, "secrets", _SCHEMA.split(";")[0])
         self._db.executescript(_SCHEMA)
         self._vault = vault
 
-    async def create(self, name: object, value: object, metadata: object = None) -> SecretInfo:
+    async def create(self, team_id: str, name: object, value: object, metadata: object = None
+                     ) -> SecretInfo:  # fmt: skip
         name, data, meta = check_new(name, value, metadata)
         sid = new_id()
         now = _now_us()
         try:
             with self._db:
                 self._db.execute("BEGIN IMMEDIATE")
-                self._db.execute("INSERT INTO secrets VALUES (?, ?, 1, ?, ?, ?)",
-                                 (sid, name, json.dumps(meta), now, now))  # fmt: skip
+                self._db.execute("INSERT INTO secrets VALUES (?, ?, 1, ?, ?, ?, ?)",
+                                 (sid, name, json.dumps(meta), now, now, team_id))  # fmt: skip
                 self._put_version(sid, 1, data)
         except sqlite3.IntegrityError:
             raise SecretExists(f"a secret named {name!r} exists") from None
-        return await self.get(sid)
+        return await self.get(team_id, sid)
 
-    async def update(self, ref: str, value: object, metadata: object = None) -> SecretInfo:
+    async def update(self, team_id: str, ref: str, value: object, metadata: object = None
+                     ) -> SecretInfo:  # fmt: skip
         """A new version (the current one from now on); `metadata`, if given, replaces."""
         data = check_value(value)
         meta = None if metadata is None else check_metadata(metadata)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            info = await self.get(ref)
+            info = await self.get(team_id, ref)
             version = info.version + 1
             self._put_version(info.secret_id, version, data)
             self._db.execute(
@@ -197,35 +206,41 @@ class SecretStore:
                 "metadata=COALESCE(?, metadata) WHERE secret_id=?",
                 (version, _now_us(), None if meta is None else json.dumps(meta),
                  info.secret_id))  # fmt: skip
-        return await self.get(info.secret_id)
+        return await self.get(team_id, info.secret_id)
 
-    async def delete(self, ref: str) -> None:
-        info = await self.get(ref)
+    async def delete(self, team_id: str, ref: str) -> None:
+        info = await self.get(team_id, ref)
         with self._db:
             self._db.execute("DELETE FROM secrets WHERE secret_id=?", (info.secret_id,))
 
-    async def get(self, ref: str) -> SecretInfo:
-        """By id or by name (names are matched lower-cased)."""
+    async def get(self, team_id: str, ref: str) -> SecretInfo:
+        """The team's, by id or by name (names are matched lower-cased)."""
         row = self._db.execute(
             "SELECT secret_id, name, current_version, metadata, created_us, updated_us "
-            "FROM secrets WHERE secret_id=? OR name=?", (ref, ref.strip().lower())).fetchone()
+            "FROM secrets WHERE (secret_id=? OR name=?) AND team_id=?",
+            (ref, ref.strip().lower(), team_id)).fetchone()  # fmt: skip
         if row is None:
             raise SecretNotFound(f"secret {ref!r} not found")
         return SecretInfo(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5])
 
-    async def page(self, limit: int, token: str | None) -> tuple[list[SecretInfo], str | None]:
-        """Oldest first; the token of the next page, None after the last."""
+    async def page(self, team_id: str, limit: int, token: str | None
+                   ) -> tuple[list[SecretInfo], str | None]:  # fmt: skip
+        """The team's, oldest first; the token of the next page, None after the last."""
         check_limit(limit)
         after = parse_page_token(token)
         rows = self._db.execute(
-            "SELECT secret_id FROM secrets WHERE (created_us, secret_id) > (?, ?) "
-            "ORDER BY created_us, secret_id LIMIT ?", (*after, limit + 1)).fetchall()
-        items = [await self.get(r[0]) for r in rows[:limit]]
+            "SELECT secret_id FROM secrets WHERE team_id=? AND (created_us, secret_id) > (?, ?) "
+            "ORDER BY created_us, secret_id LIMIT ?", (team_id, *after, limit + 1)).fetchall()
+        items = [await self.get(team_id, r[0]) for r in rows[:limit]]
         return items, page_token(items[-1]) if len(rows) > limit else None
 
-    async def value(self, ref: str) -> str:
+    async def count(self, team_id: str) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM secrets WHERE team_id=?",
+                                    (team_id,)).fetchone()[0])  # fmt: skip
+
+    async def value(self, team_id: str, ref: str) -> str:
         """The current version's value: for the egress proxy only, never for the API."""
-        info = await self.get(ref)
+        info = await self.get(team_id, ref)
         row = self._db.execute("SELECT sealed FROM secret_versions WHERE secret_id=? AND "
                                "version=?", (info.secret_id, info.version)).fetchone()  # fmt: skip
         assert row is not None

@@ -13,6 +13,7 @@ from aenv.cluster.etcd import Etcd
 from aenv.cluster.secrets import KEEP_VERSIONS, EtcdSecrets, SecretsKeyMismatch
 from aenv.secrets.store import SecretError, SecretExists, SecretNotFound
 from aenv.secrets.vault import Vault, load_key
+from aenv.teams.model import DEFAULT_TEAM as D
 
 VALUE = "sk-cluster-7a1b2c3d"
 
@@ -25,38 +26,52 @@ async def test_one_node_writes_another_reads_and_the_value_is_sealed(
     for n in (n0, n1):
         await n.join(key, explicit=True)
     assert await etcd.get(p + "secrets/key") is None  # an explicit key never enters etcd
-    info = await n0.create("Api-Key", VALUE, {"team": "rl"})
-    assert (await n1.get("api-key")).secret_id == info.secret_id
-    assert await n1.value(info.secret_id) == VALUE
-    await n1.update("api-key", VALUE + "-2")
-    assert (await n0.get(info.secret_id)).version == 2
-    assert await n0.value("api-key") == VALUE + "-2"
+    info = await n0.create(D, "Api-Key", VALUE, {"team": "rl"})
+    assert (await n1.get(D, "api-key")).secret_id == info.secret_id
+    assert await n1.value(D, info.secret_id) == VALUE
+    await n1.update(D, "api-key", VALUE + "-2")
+    assert (await n0.get(D, info.secret_id)).version == 2
+    assert await n0.value(D, "api-key") == VALUE + "-2"
     kvs, _ = await etcd.get_prefix(p)
     assert kvs and all(VALUE.encode() not in kv.value for kv in kvs)  # sealed at rest
 
     with pytest.raises(SecretExists):
-        await n1.create("api-key", "x")
+        await n1.create(D, "api-key", "x")
     # Concurrent updates each land as a version of their own.
-    await asyncio.gather(*(n.update("api-key", f"v{i}") for i, n in
+    await asyncio.gather(*(n.update(D, "api-key", f"v{i}") for i, n in
                            enumerate([n0, n1] * 3)))  # fmt: skip
-    assert (await n0.get("api-key")).version == 8
+    assert (await n0.get(D, "api-key")).version == 8
     for _ in range(KEEP_VERSIONS + 2):
-        await n0.update("api-key", "again")
-    assert await n1.value("api-key") == "again"
+        await n0.update(D, "api-key", "again")
+    assert await n1.value(D, "api-key") == "again"
 
     for i in range(3):
-        await n0.create(f"s{i}", "v")
-    page, token = await n1.page(2, None)
-    rest, end = await n1.page(2, token)
+        await n0.create(D, f"s{i}", "v")
+    page, token = await n1.page(D, 2, None)
+    rest, end = await n1.page(D, 2, token)
     assert [s.name for s in page + rest] == ["api-key", "s0", "s1", "s2"] and end is None
     with pytest.raises(SecretError):
-        await n1.page(0, None)
+        await n1.page(D, 0, None)
 
-    await n1.delete("api-key")
+    await n1.delete(D, "api-key")
     for ref in ("api-key", info.secret_id):
         with pytest.raises(SecretNotFound):
-            await n0.get(ref)
-    await n0.create("api-key", "reborn")  # the name is free again
+            await n0.get(D, ref)
+    await n0.create(D, "api-key", "reborn")  # the name is free again
+
+    # Another team: its own names, and nothing of the default team's by id or name.
+    blue = await n1.create("blue", "api-key", "blue-value")
+    assert await n0.value("blue", "api-key") == "blue-value"
+    assert await n0.value(D, "api-key") == "reborn"
+    for ref in ("s0", (await n0.get(D, "s0")).secret_id):
+        with pytest.raises(SecretNotFound):
+            await n1.get("blue", ref)
+    with pytest.raises(SecretNotFound):
+        await n0.get(D, blue.secret_id)
+    assert [s.name for s in (await n0.page("blue", 10, None))[0]] == ["api-key"]
+    assert await n0.count("blue") == 1 and await n0.count(D) == 4
+    await n0.delete("blue", "api-key")
+    assert await n1.value(D, "api-key") == "reborn"
 
 
 async def test_nodes_without_key_files_adopt_the_first_ones_key_and_ca(
@@ -66,8 +81,8 @@ async def test_nodes_without_key_files_adopt_the_first_ones_key_and_ca(
     a, b = EtcdSecrets(etcd, p, Vault(ka)), EtcdSecrets(etcd, p, Vault(kb))
     await a.join(ka, explicit=False)
     await b.join(kb, explicit=False)  # adopts a's
-    await a.create("k", VALUE)
-    assert await b.value("k") == VALUE
+    await a.create(D, "k", VALUE)
+    assert await b.value(D, "k") == VALUE
     assert await a.join_ca("CERT-A", "KEY-A", explicit=False) == ("CERT-A", "KEY-A")
     assert await b.join_ca("CERT-B", "KEY-B", explicit=False) == ("CERT-A", "KEY-A")
 

@@ -12,6 +12,7 @@ from e2b import AsyncSecret, SecretException
 
 from aenv.api.app import Node
 from aenv.secrets.vault import key_path, load_key
+from aenv.teams.model import DEFAULT_TEAM
 
 from .conftest import KEY, serve
 from .test_control_plane import assert_error
@@ -31,7 +32,7 @@ async def test_create_read_version_list_and_delete_through_the_sdk(node: Node) -
         assert new.version == 2 and new.metadata == {"team": "rl"}  # kept unless given
         assert new.updated_at >= info.updated_at
         store = node.orchestrator.secrets
-        assert store is not None and await store.value("openai-key") == VALUE + "-2"
+        assert store is not None and await store.value(DEFAULT_TEAM, "openai-key") == VALUE + "-2"
 
         for i in range(4):
             await AsyncSecret.create(f"s{i}", "v", **opts)

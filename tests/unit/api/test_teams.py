@@ -12,6 +12,7 @@ import pytest
 
 from aenv.api.app import Node
 from aenv.orchestrator.fake import FakeRuntime
+from aenv.teams.model import DEFAULT_TEAM
 
 from .conftest import KEY
 from .test_control_plane import assert_error
@@ -241,3 +242,30 @@ async def test_templates_and_snapshots_are_per_team_and_public_ones_are_everyone
         assert (await other.delete(f"/templates/{snap['snapshotID']}")).status_code == 204
         assert (await other.delete("/templates/py")).status_code == 204  # its own
         assert (await admin.get("/templates/py")).json()["buildID"] == "b-public"
+
+
+async def test_secrets_are_per_team_and_rules_name_only_the_teams_own(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    key = await _team_key(admin, "sec")
+    async with _as(node, key) as other:
+        mine = (await admin.post("/secrets", json={"name": "api", "value": "v-admin"})).json()
+        theirs = (await other.post("/secrets", json={"name": "api", "value": "v-other"})).json()
+        assert mine["secretID"] != theirs["secretID"]  # one name, two teams
+        assert [s["secretID"] for s in (await other.get("/secrets")).json()] == [
+            theirs["secretID"]]
+        assert_error(await other.get(f"/secrets/{mine['secretID']}"), 404)
+        assert_error(await other.delete(f"/secrets/{mine['secretID']}"), 404)
+        only = (await admin.post("/secrets", json={"name": "admin-only", "value": "x"})).json()
+        rules = {"api.example.com": [{"transform": {"headers": {
+            "Authorization": "Bearer ${e2b.secrets.admin-only}"}}}]}
+        r = await _create(other, network={"rules": rules})
+        assert_error(r, 400, "'admin-only' does not exist")  # another team's is not there
+        assert (await _create(admin, network={"rules": rules})).status_code == 201
+        store = node.orchestrator.secrets
+        assert store is not None
+        assert await store.value(DEFAULT_TEAM, "api") == "v-admin"
+        assert await store.value((await admin.get("/admin/teams/sec")).json()["teamID"],
+                                 "api") == "v-other"  # fmt: skip
+        assert_error(await admin.delete("/admin/teams/sec"), 409, "1 secret")
+        assert (await other.delete("/secrets/api")).status_code == 204
+        assert (await admin.get(f"/secrets/{only['secretID']}")).status_code == 200
