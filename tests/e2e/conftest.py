@@ -112,7 +112,8 @@ def require_base_template(node: NodeProcess) -> None:
 @contextlib.contextmanager
 def sdk_pointed_at(n: NodeProcess) -> Iterator[None]:
     """The unmodified E2B SDK's env (E2B_API_URL, ...) points at `n` while inside."""
-    env = {"E2B_API_URL": n.origin, "E2B_SANDBOX_URL": n.origin, "E2B_API_KEY": API_KEY}
+    env = {"E2B_API_URL": n.origin, "E2B_SANDBOX_URL": n.origin, "E2B_API_KEY": API_KEY,
+           "E2B_VOLUME_API_URL": n.origin}  # else the SDK's volume content calls go to E2B
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -145,7 +146,7 @@ def start_node(log: Path, instance: str, monkeypatch: pytest.MonkeyPatch,
     n = NodeProcess(port or free_port(), log, extra_env={"AENV_INSTANCE": instance, **env})
     n.start()
     require_base_template(n)
-    for k in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+    for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL"):
         monkeypatch.setenv(k, n.origin)
     monkeypatch.setenv("E2B_API_KEY", API_KEY)
     return n

@@ -9,7 +9,6 @@ volume mounted in its adopted sandbox, and a restart keeps its data."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,11 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     with running_node(tmp_path_factory.mktemp("node"), AENV_HOT_PAUSE_S="0") as n:
-        os.environ["E2B_VOLUME_API_URL"] = n.origin  # the content API, as users point it
-        try:
-            yield n
-        finally:
-            os.environ.pop("E2B_VOLUME_API_URL", None)
+        yield n  # E2B_VOLUME_API_URL points at it too: the content API, as users point it
 
 
 def _run(sbx: Sandbox, cmd: str) -> str:
