@@ -67,6 +67,7 @@ _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
 UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
 )
+SIGNATURE_EXPIRED = "signature is already expired"  # envd's text, which E2B's suite asserts
 NO_TRAFFIC_TOKEN = ("this sandbox's ports are not public: send its traffic access token in "
                     "the e2b-traffic-access-token header")
 
@@ -93,24 +94,28 @@ def file_signature(path: str, op: str, username: str, token: str, expiration: st
     return "v1_" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def _signature_ok(route: Route, method: str, params: dict[str, list[str]]) -> bool:
+def _signature_problem(route: Route, method: str, params: dict[str, list[str]]) -> str | None:
+    """Why a signed `/files` URL does not admit its request to `route` (None: it does). As
+    envd: the signature is checked first, its expiry after, each with its own 401 text."""
     token = route.access_token
     sig = (params.get("signature") or [""])[0]
     if token is None or not sig:
-        return False
+        return UNAUTHORIZED
     op = "write" if method == "POST" else "read"
     expiration = (params.get("signature_expiration") or [None])[0]
-    if expiration is not None:
-        try:
-            if int(expiration) < time.time():
-                return False
-        except ValueError:
-            return False
     want = file_signature(
         (params.get("path") or [""])[0], op, (params.get("username") or [""])[0], token,
         expiration,
     )  # fmt: skip
-    return hmac.compare_digest(sig.encode(), want.encode())
+    if not hmac.compare_digest(sig.encode(), want.encode()):
+        return UNAUTHORIZED
+    if expiration is not None:
+        try:
+            if int(expiration) < time.time():
+                return SIGNATURE_EXPIRED
+        except ValueError:
+            return UNAUTHORIZED
+    return None
 
 
 def not_found_body(sandbox_id: str) -> dict[str, Any]:
@@ -175,32 +180,35 @@ class DataPlaneProxy:
         return match_target(scope, self.domain, self.agent_port)
 
     def find_signed(self, method: str, params: dict[str, list[str]]) -> Route | None:
+        """The sandbox a signed URL was signed for (expired or not: its request is then
+        refused as expired)."""
         for route in self.routes:
-            if _signature_ok(route, method, params):
+            if _signature_problem(route, method, params) in (None, SIGNATURE_EXPIRED):
                 return route
         return None
 
-    def _authorized(
+    def _refusal(
         self, route: Route, scope: Scope, method: str, params: dict[str, list[str]] | None
-    ) -> bool:
+    ) -> str | None:
+        """Why a request to the agent is not authorized (the 401's text), or None."""
         token = route.access_token
         if token is None:
-            return True
+            return None
         path = scope["path"]
         if path == "/health" and method == "GET":
-            return True
+            return None
         given = None
         for k, v in scope["headers"]:
             if k == b"x-access-token":
                 given = v
                 break
         if given is not None:
-            return hmac.compare_digest(given, token.encode())
+            return None if hmac.compare_digest(given, token.encode()) else UNAUTHORIZED
         if path == "/files" and method in ("GET", "POST"):
             if params is None:
                 params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            return _signature_ok(route, method, params)
-        return False
+            return _signature_problem(route, method, params)
+        return UNAUTHORIZED
 
     def _forget(self, route: Route) -> None:
         """Drop idle pooled connections to a removed sandbox's slot: the address is reused."""
@@ -215,20 +223,20 @@ class DataPlaneProxy:
             return _Denial(400, {"code": 400, "message": "invalid sandbox port"}, "bad_port")
         method = scope.get("method", "GET")
         params = None
-        unauthorized = _Denial(401, {"code": 401, "message": UNAUTHORIZED}, "unauthorized")
         if target.sandbox_id is None:
             params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             route = self.find_signed(method, params)
             if route is None:
-                return unauthorized
+                return _Denial(401, {"code": 401, "message": UNAUTHORIZED}, "unauthorized")
         else:
             route = self.routes.get(target.sandbox_id)
             if route is None and self.resolve is not None:
                 route = await self.resolve(target.sandbox_id)
             if route is None:
                 return _Denial(502, not_found_body(target.sandbox_id), "not_found")
-        if target.port == self.agent_port and not self._authorized(route, scope, method, params):
-            return unauthorized
+        if target.port == self.agent_port and (
+                refused := self._refusal(route, scope, method, params)) is not None:
+            return _Denial(401, {"code": 401, "message": refused}, "unauthorized")
         if target.port != self.agent_port and not _traffic_ok(route, scope):
             return _Denial(403, {"code": 403, "message": NO_TRAFFIC_TOKEN}, "no_traffic_token")
         ready = route.handle.ready

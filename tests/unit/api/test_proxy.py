@@ -300,7 +300,13 @@ async def test_access_token_is_enforced_on_the_agent_port(
         exp = int(time.time()) - 5
         old = {**ok, "signature_expiration": str(exp),
                "signature": file_signature(path, "read", user, sb["envdAccessToken"], str(exp))}
-        assert (await c.get("/files", params=old, headers=h)).status_code == 401
+        r = await c.get("/files", params=old, headers=h)
+        assert (r.status_code, r.json()) == (401, {"code": 401,
+                                                   "message": "signature is already expired"})
+        r = await c.get("/files", params=old)  # the URL alone (no sandbox header), as signed
+        assert (r.status_code, r.json()["message"]) == (401, "signature is already expired")
+        r = await c.get("/files", params={**old, "signature": "v1_nope"})
+        assert r.status_code == 401 and "expired" not in r.text  # the signature comes first
     # v1 insecure sandboxes have no token to check
     async with httpx.AsyncClient(base_url=base, headers={"X-API-Key": KEY}) as c:
         open_sb = (await c.post("/sandboxes", json={"templateID": "base", "secure": False})).json()

@@ -111,8 +111,10 @@ def entry_info(
 ) -> EntryInfo:
     """EntryInfo for ``path`` (as given, not symlink-resolved). Raises OSError.
 
-    For a symlink, ``type`` and ``mode`` describe the target (when it exists),
-    ``is_symlink`` is set and ``symlink_target`` is the resolved absolute target.
+    For a symlink, ``type`` and ``mode`` describe the target (when it exists) and
+    ``symlink_target`` is the resolved absolute target, as the envd whose version the
+    agent reports answers. ``is_symlink`` (a later envd's) stays unset: the SDK would
+    report such an entry as SYMLINK rather than as its target's type.
     """
     if lst is None:
         lst = os.lstat(path)
@@ -144,7 +146,6 @@ def entry_info(
         modified_time=Timestamp(seconds=mtime_ns // 1_000_000_000, nanos=mtime_ns % 1_000_000_000),
         symlink_target=symlink_target,
         metadata=read_metadata(path) if not is_symlink and st.S_ISREG(mode) else None,
-        is_symlink=is_symlink,
     )
 
 

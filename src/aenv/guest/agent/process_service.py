@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import signal
@@ -91,13 +92,21 @@ def _end_event(info: ExitInfo) -> ProcessEvent:
 
 
 async def _events(sub_proc: Process, ctx: RequestContext) -> AsyncIterator[ProcessEvent]:
-    """start, then live data, then end; keepalives during silences."""
+    """start, then live data, then end; keepalives during silences. At the request's
+    deadline (Connect-Timeout-Ms) the stream ends with `deadline_exceeded`, as envd's
+    handler returns its context's error: the SDK raises TimeoutException for it (the async
+    client does not time the stream out itself)."""
     interval = keepalive_interval(ctx)
+    loop = asyncio.get_running_loop()
+    deadline = None if ctx.timeout_ms is None else loop.time() + ctx.timeout_ms / 1000.0
     sub = sub_proc.subscribe()
     try:
         yield ProcessEvent(event=Oneof("start", ProcessEvent.StartEvent(pid=sub_proc.pid)))
         while True:
-            item = await sub.get(interval)
+            wait = interval if deadline is None else min(interval, deadline - loop.time())
+            item = await sub.get(wait) if wait > 0 else None
+            if item is None and deadline is not None and loop.time() >= deadline:
+                raise ConnectError(Code.DEADLINE_EXCEEDED, "context deadline exceeded")
             if item is None:
                 yield _KEEPALIVE
             elif isinstance(item, ExitInfo):

@@ -101,7 +101,7 @@ def test_symlink_info(sbx: Sandbox, workdir: str) -> None:
     sbx.files.write(f"{workdir}/target.txt", "t")
     sbx.commands.run(f"ln -s target.txt {workdir}/link", cwd="/home/user")
     info = sbx.files.get_info(f"{workdir}/link")
-    assert info.type == FileType.SYMLINK
+    assert info.type == FileType.FILE  # the target's type, as E2B's suite expects
     assert info.symlink_target == f"/home/user/{workdir}/target.txt"
 
 
