@@ -28,13 +28,15 @@ router = APIRouter(dependencies=[Depends(require_api_key)],
                    responses={s: {"model": Error} for s in (400, 401, 404, 500)})  # fmt: skip
 
 
-def _logs(request: Request, sandbox_id: str) -> Store:
+async def _logs(request: Request, sandbox_id: str) -> Store:
     """The node's sandbox logs, if `sandbox_id` is one of its sandboxes or has a log here
-    (a sandbox killed within the retention); else 404."""
+    (a sandbox killed within the retention); else 404. A running sandbox's guest is asked
+    for what it logged since the last read first."""
     orch: Orchestrator = request.app.state.orchestrator
     logs = orch.logs
     if logs is None or (orch.store.get(sandbox_id) is None and not logs.has(sandbox_id)):
         raise NotFound(f"sandbox '{sandbox_id}' not found")
+    await orch.pull_guest_logs(sandbox_id)
     return logs
 
 
@@ -50,7 +52,7 @@ async def logs_v1(
     limit: Annotated[int, Query(ge=0, le=MAX_LIMIT)] = 1000,
 ) -> SandboxLogs:
     """Entries from `start` on, oldest first."""
-    got = _logs(request, sandbox_id).read(
+    got = (await _logs(request, sandbox_id)).read(
         sandbox_id, cursor_us=start * 1000 if start is not None else None, limit=limit)
     return SandboxLogs(
         logs=[SandboxLog(timestamp=query.rfc3339(e.ts_us),
@@ -70,7 +72,7 @@ async def logs_v2(
 ) -> SandboxLogsV2Response:
     """Forward: from `cursor` on, oldest first; backward: up to `cursor` (default now),
     newest first. `level`: that level and above; `search`: in the message or a field."""
-    got = _logs(request, sandbox_id).read(
+    got = (await _logs(request, sandbox_id)).read(
         sandbox_id, cursor_us=cursor * 1000 + (999 if direction == "backward" else 0)
         if cursor is not None else None, limit=limit, direction=direction, min_level=level,
         search=search)  # fmt: skip

@@ -48,14 +48,14 @@ class BuildAgent:
     async def run(self, cmd: str, *, user: str, cwd: str | None = None,
                   env: dict[str, str] | None = None,
                   on_line: Callable[[str], None] | None = None,
-                  background: bool = False) -> int:
+                  background: bool = False, tag: str | None = None) -> int:
         """`/bin/bash -l -c cmd` as `user`: its exit code (stdout and stderr go to `on_line`
         a line at a time). `background`: return once it started (-1), leaving it running."""
         process: dict[str, Any] = {"cmd": "/bin/bash", "args": ["-l", "-c", cmd],
                                    "envs": env or {}}  # fmt: skip
         if cwd:
             process["cwd"] = cwd
-        body = json.dumps({"process": process}).encode()
+        body = json.dumps({"process": process} | ({"tag": tag} if tag else {})).encode()
         headers = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1",
                    "Authorization": _basic(user)}  # fmt: skip
         req = self.http.build_request("POST", "/process.Process/Start",

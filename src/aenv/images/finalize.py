@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aenv.config import Config
+from aenv.guest.agent.journal import START_CMD_TAG
 from aenv.images.agent import BuildAgent
 from aenv.images.stepcache import StepState
 
@@ -33,8 +34,9 @@ async def start_and_wait(agent: BuildAgent, start_cmd: str | None, ready_cmd: st
                          state: StepState, say: Callable[[str], None]) -> None:
     if start_cmd:
         say(f"Starting: {start_cmd}")
+        # Tagged: the agent keeps its output for the sandboxes' logs (guest/agent/journal.py).
         await agent.run(start_cmd, user=state.user, cwd=state.workdir, env=state.env,
-                        background=True)  # fmt: skip
+                        background=True, tag=START_CMD_TAG)  # fmt: skip
     if ready_cmd:
         say(f"Waiting for: {ready_cmd}")
         loop = asyncio.get_running_loop()

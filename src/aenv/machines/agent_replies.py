@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -109,9 +109,41 @@ class AgentMetrics(BaseModel):
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> AgentMetrics:
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise GuestReplyError(f"agent metrics rejected: {where}: {first['msg']}") from None
+        return _validated(cls, raw, "metrics")
+
+
+class GuestLogEntry(BaseModel):
+    """One entry of the agent's `GET /aenv/logs` (guest/agent/journal.py), bounded: what a
+    guest says goes into the node's database."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    seq: int = Field(ge=1, le=1 << 62)
+    tsUs: int = Field(ge=0, le=1 << 62)
+    level: Literal["debug", "info", "warn", "error"]
+    message: str = Field(max_length=4096)
+    fields: dict[Annotated[str, Field(max_length=64)],
+                 Annotated[str, Field(max_length=256)]] = Field(max_length=8)
+
+
+class GuestLogs(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    entries: list[GuestLogEntry] = Field(max_length=500)
+    next: int = Field(ge=0, le=1 << 62)
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> GuestLogs:
+        return _validated(cls, raw, "logs")
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validated(model: type[_M], raw: dict[str, Any], what: str) -> _M:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise GuestReplyError(f"agent {what} rejected: {where}: {first['msg']}") from None

@@ -165,6 +165,9 @@ class Runtime(Protocol):
 
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]: ...
 
+    async def agent_logs(self, handle: SandboxHandle, after: int) -> dict[str, object]:
+        """The agent's journal after entry `after` (`GET /aenv/logs`), unchecked."""
+
     # -- pause, resume, snapshots, fork ----------------------------------------------------
 
     async def pause(

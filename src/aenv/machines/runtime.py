@@ -79,6 +79,9 @@ from aenv.vmm.cgroup import Cgroup
 from aenv.vmm.qemu import QemuDriver
 
 log = logging.getLogger(__name__)
+# A page of the guest's journal: 500 entries of up to 4 KiB each, JSON-escaped.
+GUEST_LOGS_MAX_BYTES = 4 << 20
+
 
 class Runtime(Pausing, Cloning, Adopting):
     def __init__(self, cfg: Config,
@@ -579,15 +582,23 @@ class Runtime(Pausing, Cloning, Adopting):
         await self.destroy(handle.sandbox_id)
 
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]:
+        return await self._agent_get(handle, "/metrics")  # checked by the caller
+
+    async def agent_logs(self, handle: SandboxHandle, after: int) -> dict[str, object]:
+        return await self._agent_get(handle, f"/aenv/logs?after={after}",
+                                     max_bytes=GUEST_LOGS_MAX_BYTES)  # fmt: skip
+
+    async def _agent_get(self, handle: SandboxHandle, path: str,
+                         max_bytes: int = agent_replies.MAX_REPLY_BYTES) -> dict[str, object]:
         m = self._machines.get(handle.sandbox_id)
         if m is None:
             raise RuntimeError_(f"sandbox {handle.sandbox_id} is not running")
         headers = {"X-Access-Token": m.access_token} if m.access_token else {}
-        r = await agent_replies.request(m.http, "GET", handle.url() + "/metrics",
-                                        headers=headers, deadline_s=AGENT_METRICS_TIMEOUT)
+        r = await agent_replies.request(m.http, "GET", handle.url() + path, headers=headers,
+                                        deadline_s=AGENT_METRICS_TIMEOUT, max_bytes=max_bytes)
         if r.status != 200:
-            raise GuestReplyError(f"agent /metrics answered {r.status}: {r.snippet()}")
-        return r.json_object()  # range-checked by the caller (AgentMetrics)
+            raise GuestReplyError(f"agent {path} answered {r.status}: {r.snippet()}")
+        return r.json_object()
 
     def machines(self) -> dict[str, Machine]:
         return dict(self._machines)

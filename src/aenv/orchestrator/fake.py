@@ -61,6 +61,7 @@ class FakeRuntime:
         self.inits: dict[str, AgentInit] = {}
         self.egress: dict[str, EgressPolicy] = {}  # live updates, as applied to the "slot"
         self.killed: list[str] = []
+        self.guest_logs: dict[str, list[dict[str, object]]] = {}  # the agents' journals
         self.fail_next_create: Exception | None = None
         self.fail_next_pause: Exception | None = None
         self.fail_next_resume: Exception | None = None
@@ -240,6 +241,13 @@ class FakeRuntime:
             self.inits[cid] = init
             out.append(h)
         return out
+
+    async def agent_logs(self, handle: SandboxHandle, after: int) -> dict[str, object]:
+        """What tests put in `guest_logs[sandbox_id]`: the journal's entries after `after`."""
+        if handle.sandbox_id not in self.live:
+            raise RuntimeError_("sandbox is gone")
+        entries = [e for e in self.guest_logs.get(handle.sandbox_id, []) if e["seq"] > after]
+        return {"entries": entries, "next": entries[-1]["seq"] if entries else after}
 
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]:
         if handle.sandbox_id not in self.live:

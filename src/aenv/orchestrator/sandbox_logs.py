@@ -8,7 +8,10 @@ store's database, before every read and once a second. Entries outlive their san
 `RETENTION_S` (a killed sandbox's log can still be read on its node), and at most
 `MAX_PER_SANDBOX` are kept for one sandbox (the newest).
 
-Not yet in it: what the guest itself logs (the agent, the template's start command).
+What the guest says (the template's start command's output, the agent's warnings:
+guest/agent/journal.py) is pulled from the agent when the log is read while the sandbox
+runs (`add_guest`), after the last entry taken (kept per sandbox, so nothing comes twice),
+with `source` in its fields.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ CREATE TABLE IF NOT EXISTS sandbox_logs (
     fields      TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandbox_logs_by_sandbox ON sandbox_logs (sandbox_id, ts_us);
+CREATE TABLE IF NOT EXISTS guest_log_cursors (
+    sandbox_id  TEXT PRIMARY KEY,
+    seq         INTEGER NOT NULL
+);
 """
 
 
@@ -85,9 +92,32 @@ class SandboxLogs:
                                 "fields) VALUES (?, ?, ?, ?, ?)", rows)  # fmt: skip
         return len(rows)
 
+    def guest_cursor(self, sandbox_id: str) -> int:
+        """The number of the last guest journal entry taken into the log (0: none)."""
+        row = self.db.execute("SELECT seq FROM guest_log_cursors WHERE sandbox_id = ?",
+                              (sandbox_id,)).fetchone()  # fmt: skip
+        return int(row[0]) if row else 0
+
+    def add_guest(self, sandbox_id: str, entries: list[LogEntry], next_seq: int) -> int:
+        """Guest journal entries into the log, with the cursor, in one transaction."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.executemany(
+                "INSERT INTO sandbox_logs (sandbox_id, ts_us, level, message, fields) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(sandbox_id, e.ts_us, LEVELS.index(e.level), e.message, json.dumps(e.fields))
+                 for e in entries])  # fmt: skip
+            self.db.execute("INSERT INTO guest_log_cursors VALUES (?, ?) ON CONFLICT "
+                            "(sandbox_id) DO UPDATE SET seq = excluded.seq",
+                            (sandbox_id, next_seq))  # fmt: skip
+        return len(entries)
+
     def prune(self, now_us: int) -> None:
         self.db.execute("DELETE FROM sandbox_logs WHERE ts_us < ?",
                         (now_us - RETENTION_S * 1_000_000,))  # fmt: skip
+        # A cursor goes with the last entry of its sandbox's log.
+        self.db.execute("DELETE FROM guest_log_cursors WHERE sandbox_id NOT IN "
+                        "(SELECT sandbox_id FROM sandbox_logs)")
         self.db.execute(
             "DELETE FROM sandbox_logs WHERE seq IN (SELECT seq FROM (SELECT seq, ROW_NUMBER() "
             "OVER (PARTITION BY sandbox_id ORDER BY seq DESC) AS n FROM sandbox_logs) "

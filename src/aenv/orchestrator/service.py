@@ -20,7 +20,7 @@ import pydantic
 from aenv import faults, obs
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
-from aenv.machines.agent_replies import AgentMetrics
+from aenv.machines.agent_replies import AgentMetrics, GuestLogs
 from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
 from aenv.network.egress import EgressPolicy
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
@@ -50,7 +50,7 @@ from aenv.orchestrator.requests import (
     new_sandbox_id,
 )
 from aenv.orchestrator.routes import PUBLIC, Ingress, RouteTable
-from aenv.orchestrator.sandbox_logs import SandboxLogs
+from aenv.orchestrator.sandbox_logs import LogEntry, SandboxLogs
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
 from aenv.secrets.store import Secrets, SecretStore
@@ -607,7 +607,26 @@ class Orchestrator(Pausing, Forking, Networking):
             self.store.extend_end(sandbox_id, [rec.state], now + timeout_s * 1_000_000, now)
         return self.get(sandbox_id), False
 
-    # -- metrics ---------------------------------------------------------------------------
+    # -- metrics and the guest's log ------------------------------------------------------
+
+    async def pull_guest_logs(self, sandbox_id: str) -> int:
+        """What the guest logged since the last pull, into the sandbox's log: the number of
+        entries taken (0 too if it is not running or its agent does not answer)."""
+        route = self.routes.get(sandbox_id)
+        if route is None or self.logs is None:
+            return 0
+        try:
+            async with asyncio.timeout(background.SAMPLE_TIMEOUT_S):
+                raw = await self.runtime.agent_logs(route.handle,
+                                                    self.logs.guest_cursor(sandbox_id))
+            got = GuestLogs.parse(raw)
+        except Exception as e:
+            log_event(log, "sandbox.guest_logs_failed", logging.DEBUG, sandbox_id=sandbox_id,
+                      error=repr(e))  # fmt: skip
+            return 0
+        return self.logs.add_guest(sandbox_id, [
+            LogEntry(e.tsUs, e.level, e.message, {**e.fields, "source": e.fields.get(
+                "source", "guest")}) for e in got.entries], got.next)  # fmt: skip
 
     async def sample(self, sandbox_id: str) -> bool:
         """Take one metrics sample from the agent; False if it did not answer."""

@@ -16,6 +16,7 @@ from e2b.api.client.client import AuthenticatedClient
 from e2b.api.client.models import LogLevel, LogsDirection, SandboxLogs, SandboxLogsV2Response
 
 from aenv.orchestrator import sandbox_logs
+from aenv.orchestrator.fake import FakeRuntime
 
 from .test_control_plane import assert_error, create
 
@@ -91,3 +92,21 @@ def test_retention_and_the_per_sandbox_bound(tmp_path, monkeypatch) -> None:  # 
     assert [e.fields["i"] for e in logs.read("a")] == ["2", "3", "4"]  # the newest kept
     logs.prune(time.time_ns() // 1000 + sandbox_logs.RETENTION_S * 1_000_000 + 10**6)
     assert not logs.has("a") and not logs.has("b")
+
+
+async def test_what_the_guest_logged_is_read_once_and_a_bad_reply_is_left_out(
+        client: httpx.AsyncClient, runtime: FakeRuntime) -> None:  # fmt: skip
+    sid = (await client.post("/v2/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
+    line = {"tsUs": 1_700_000_000_000_000, "level": "info", "fields": {"source": "startCmd",
+                                                                       "stream": "stdout"}}
+    runtime.guest_logs[sid] = [{"seq": 1, "message": "server up", **line},
+                               {"seq": 2, "message": "listening on 8080", **line}]
+    for _ in range(2):  # read twice: each guest entry once
+        r = await client.get(f"/v2/sandboxes/{sid}/logs", params={"search": "startcmd"})
+        assert [e["message"] for e in r.json()["logs"]] == ["server up", "listening on 8080"]
+    runtime.guest_logs[sid].append({"seq": 3, "message": "x" * 5000, **line})  # too long
+    r = await client.get(f"/v2/sandboxes/{sid}/logs", params={"search": "startcmd"})
+    assert r.status_code == 200 and len(r.json()["logs"]) == 2
+    r = await client.get(f"/sandboxes/{sid}/logs")
+    assert any('"msg": "server up"' in x["line"] for x in r.json()["logs"])
+    assert (await client.delete(f"/sandboxes/{sid}")).status_code == 204

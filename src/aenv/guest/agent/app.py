@@ -40,6 +40,7 @@ class AgentApp:
         self.state = state
         self.files = FilesEndpoint(state, watchers)
         self.cpu = CpuSampler()
+        self.journal = table.journal
         self.process_app = ProcessASGIApplication(ProcessService(table, state))
         self.filesystem_app = FilesystemASGIApplication(FilesystemService(state, watchers))
 
@@ -108,4 +109,6 @@ class AgentApp:
             return await endpoints.envs(self.state, send)
         if path == "/metrics" and method == "GET":
             return await endpoints.get_metrics(self.cpu, send)
+        if path == "/aenv/logs" and method == "GET":
+            return await endpoints.get_logs(self.journal, req, send)
         raise HTTPError(404, f"no route for {method} {path}")

@@ -10,6 +10,7 @@ import logging
 
 from . import kernel, metrics, mounts
 from .asgi import HTTPError, Request, Send, send_json, send_response
+from .journal import MAX_PAGE, Journal
 from .options import AgentOptions
 from .state import SandboxState
 
@@ -29,6 +30,17 @@ async def envs(state: SandboxState, send: Send) -> None:
 
 async def get_metrics(cpu: metrics.CpuSampler, send: Send) -> None:
     await send_json(send, 200, metrics.collect(cpu))
+
+
+async def get_logs(journal: Journal, req: Request, send: Send) -> None:
+    """The journal's entries after `?after=N` (0: all it keeps), at most `limit`."""
+    try:
+        after = int(req.query.get("after", "0"))
+        limit = min(int(req.query.get("limit", str(MAX_PAGE))), MAX_PAGE)
+    except ValueError:
+        raise HTTPError(400, "after and limit must be whole numbers") from None
+    entries, nxt = journal.since(after, max(limit, 1))
+    await send_json(send, 200, {"entries": [e.to_json() for e in entries], "next": nxt})
 
 
 async def init(state: SandboxState, options: AgentOptions, req: Request, send: Send) -> None:

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..gen.process_pb import ProcessConfig
+from .journal import START_CMD_TAG, Journal
 from .spawn import SpawnPolicy, spawn
 from .users import User
 
@@ -225,6 +226,8 @@ class Process:
             self._pause()
 
     def _publish(self, kind: str, data: bytes) -> None:
+        if self.tag == START_CMD_TAG:  # the template's start command: its sandbox's log
+            self._table.journal.output(self.pid, kind, data)
         for sub in self._subs:
             sub.push((kind, data))
 
@@ -293,6 +296,8 @@ class Process:
             self._deadline.cancel()
             self._deadline = None
         assert self._exit is not None
+        if self.tag == START_CMD_TAG:
+            self._table.journal.ended(self.pid, self._exit.status)
         for sub in list(self._subs):
             sub.push(self._exit)
         self._subs.clear()
@@ -359,9 +364,11 @@ def set_winsize(fd: int, cols: int, rows: int) -> None:
 class ProcessTable:
     """The running processes by pid, and the SIGCHLD reaper. One per agent."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, policy: SpawnPolicy) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, policy: SpawnPolicy,
+                 journal: Journal | None = None) -> None:  # fmt: skip
         self.loop = loop
         self.policy = policy
+        self.journal = journal or Journal()
         self._by_pid: dict[int, Process] = {}
         loop.add_signal_handler(signal.SIGCHLD, self.reap)
 

@@ -10,6 +10,7 @@ import socket
 
 from .app import AgentApp
 from .cgroup import setup_user_cgroup
+from .journal import Journal, JournalHandler
 from .metrics import memory
 from .options import AgentOptions
 from .processes import ProcessTable
@@ -83,7 +84,9 @@ async def serve(options: AgentOptions) -> None:
         )
     if os.access(options.exec_helper, os.X_OK):
         policy = dataclasses.replace(policy, exec_helper=options.exec_helper)
-    table = ProcessTable(loop, policy)
+    journal = Journal()
+    logging.getLogger("aenv.guest.agent").addHandler(JournalHandler(journal))
+    table = ProcessTable(loop, policy, journal)
     watchers = WatcherRegistry(loop.add_reader, loop.remove_reader)
     app = AgentApp(options, state, table, watchers)
     sock = listen(options.host, options.port)
