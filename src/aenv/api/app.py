@@ -121,8 +121,6 @@ class Node:
 
     async def start(self) -> None:
         await self.orchestrator.start()
-        assert self.orchestrator.teams is not None
-        self.orchestrator.teams.bind_node_key(self.api_key)
         if self.config.cluster.etcd_endpoints:
             from aenv.cluster.node import NodeMembership  # a standalone node needs no etcd
 
@@ -134,6 +132,9 @@ class Node:
                 await self.orchestrator.close()
                 raise
             self.api.state.sharing = self.membership.sharing
+        # The node's own key: its (or its cluster's, once joined) default team's admin key.
+        assert self.orchestrator.teams is not None
+        await self.orchestrator.teams.bind_node_key(self.api_key)
         # Node info rides on /health: the accelerator the runtime detected (kvm or tcg).
         accel = getattr(self.orchestrator.runtime, "accel", None)
         self._health = json.dumps(

@@ -20,7 +20,7 @@ from fastapi.security import APIKeyHeader
 from aenv.api.apierror import ApiError
 from aenv.config import Config
 from aenv.teams.model import DEFAULT_TEAM, NODE_KEY_ID, Principal
-from aenv.teams.store import TeamStore
+from aenv.teams.store import Teams
 
 log = logging.getLogger("aenv.api")
 
@@ -62,7 +62,7 @@ def principal_of(request: Request) -> Principal | None:
     given = request.headers.get(API_KEY_HEADER)
     if not given:
         return None
-    teams: TeamStore | None = request.app.state.orchestrator.teams
+    teams: Teams | None = request.app.state.orchestrator.teams
     if teams is None:  # not started: only the node's own key
         expected: str = request.app.state.api_key
         if not hmac.compare_digest(given.encode(), expected.encode()):

@@ -6,7 +6,8 @@ or with `aenv team` and `aenv key`. A key is shown once, in the answer that crea
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -18,7 +19,7 @@ from aenv.api.auth import require_admin
 from aenv.api.models import Error
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.teams.model import ApiKey, Team, TeamError
-from aenv.teams.store import TeamStore
+from aenv.teams.store import Teams
 
 T = TypeVar("T")
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)],
@@ -75,15 +76,16 @@ class CreatedKey(KeyOut):
     key: str  # shown this once: only its hash is kept
 
 
-def _teams(request: Request) -> TeamStore:
-    teams: TeamStore | None = request.app.state.orchestrator.teams
+def _teams(request: Request) -> Teams:
+    teams: Teams | None = request.app.state.orchestrator.teams
     assert teams is not None  # routes run between start and close
     return teams
 
 
-def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def _call(fn: Callable[..., T | Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     try:
-        return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
+        return await out if inspect.isawaitable(out) else out  # type: ignore[return-value]
     except TeamError as e:
         raise ApiError(e.status, str(e)) from None
 
@@ -110,30 +112,30 @@ async def list_teams(request: Request) -> list[TeamOut]:
 
 @router.post("/teams", operation_id="adminCreateTeam", status_code=201)
 async def create_team(request: Request, body: NewTeam) -> TeamOut:
-    t = _call(_teams(request).create_team, body.name, body.maxSandboxes, body.maxMemoryMB)
+    t = await _call(_teams(request).create_team, body.name, body.maxSandboxes, body.maxMemoryMB)
     return _team(request, t)
 
 
 @router.get("/teams/{team}", operation_id="adminGetTeam")
 async def get_team(request: Request, team: str) -> TeamOut:
-    return _team(request, _call(_teams(request).team, team))
+    return _team(request, await _call(_teams(request).team, team))
 
 
 @router.patch("/teams/{team}", operation_id="adminSetTeamLimits")
 async def set_limits(request: Request, team: str, body: TeamLimits) -> TeamOut:
     names = {"maxSandboxes": "max_sandboxes", "maxMemoryMB": "max_memory_mib"}
     changes = {names[f]: getattr(body, f) for f in body.model_fields_set}
-    return _team(request, _call(_teams(request).set_limits, team, **changes))
+    return _team(request, await _call(_teams(request).set_limits, team, **changes))
 
 
 @router.delete("/teams/{team}", operation_id="adminDeleteTeam", status_code=204)
 async def delete_team(request: Request, team: str) -> Response:
     orch = request.app.state.orchestrator
-    t = _call(_teams(request).team, team)
+    t = await _call(_teams(request).team, team)
     owned = await orch.owned_by(t.team_id)
     if owned:
         raise ApiError(409, f"team {t.name!r} still owns {', '.join(owned)}: remove them first")
-    _call(_teams(request).delete_team, t.team_id)
+    await _call(_teams(request).delete_team, t.team_id)
     return Response(status_code=204)
 
 
@@ -141,16 +143,16 @@ async def delete_team(request: Request, team: str) -> Response:
 async def list_keys(request: Request,
                     team: Annotated[str | None, Query(description="a team's id or name")] = None,
                     ) -> list[KeyOut]:  # fmt: skip
-    return [KeyOut(**_key(k)) for k in _call(_teams(request).keys, team)]
+    return [KeyOut(**_key(k)) for k in await _call(_teams(request).keys, team)]
 
 
 @router.post("/keys", operation_id="adminCreateKey", status_code=201)
 async def create_key(request: Request, body: NewKey) -> CreatedKey:
-    k, secret = _call(_teams(request).create_key, body.team, body.name, body.admin)
+    k, secret = await _call(_teams(request).create_key, body.team, body.name, body.admin)
     return CreatedKey(**_key(k), key=secret)
 
 
 @router.delete("/keys/{key_id}", operation_id="adminRevokeKey", status_code=204)
 async def revoke_key(request: Request, key_id: str) -> Response:
-    _call(_teams(request).revoke, key_id)
+    await _call(_teams(request).revoke, key_id)
     return Response(status_code=204)

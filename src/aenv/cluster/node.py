@@ -24,6 +24,7 @@ from aenv.cluster.identity import node_name, node_url
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
 from aenv.cluster.secrets import EtcdSecrets
 from aenv.cluster.sharing import Sharing, shared_names
+from aenv.cluster.teams import EtcdTeams
 from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.secrets.vault import Vault
@@ -72,6 +73,7 @@ class NodeMembership:
         self.forgetting = Forgetting(self.etcd, cfg.cluster.prefix,
                                      cfg.cluster.forget_lost_after_s)  # fmt: skip
         self._forget: asyncio.Task[None] | None = None
+        self.teams: EtcdTeams | None = None  # from start()
         # Snapshots shared with the other nodes (a runtime with a snapshot repository).
         self.sharing: Sharing | None = None
         if isinstance(getattr(orchestrator.runtime, "snapshots", None), SnapshotStore):
@@ -130,6 +132,10 @@ class NodeMembership:
             explicit = self.cfg.network.ca_cert_file is not None
             runtime.use_egress_ca(*await shared.join_ca(*runtime.egress_ca, explicit))
         self.orch.secrets = shared
+        # Teams and keys every node and gateway reads (cluster/teams.py).
+        self.teams = EtcdTeams(self.etcd, self.cfg.cluster.prefix)
+        await self.teams.start()
+        self.orch.teams = self.teams
         await self.registration.start()
         await self.bindings.start()
         if self.sharing is not None:
@@ -219,6 +225,8 @@ class NodeMembership:
             await cancel(self._guard)
             await cancel(self._forget)
             await self.bindings.stop()
+            if self.teams is not None:
+                await self.teams.stop()
             if self.sharing is not None:
                 await self.sharing.close()
         finally:

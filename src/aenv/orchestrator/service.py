@@ -56,7 +56,7 @@ from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Stor
 from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
 from aenv.teams import names
-from aenv.teams.store import TeamStore
+from aenv.teams.store import Teams, TeamStore
 from aenv.volumes.store import Volumes, VolumeStore
 
 RETRIED_CREATE_WAIT_S = 300.0  # at most this for the create a retried one waits for
@@ -101,7 +101,7 @@ class Orchestrator(Pausing, Forking, Networking):
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         self.secrets: Secrets | None = None  # from start(); a cluster's replaces it
         self.volumes: Volumes | None = None  # from start()
-        self.teams: TeamStore | None = None  # from start()
+        self.teams: Teams | None = None  # from start(); a cluster's replaces it
         # Run at close, after the last pause and VM and before the store closes: the
         # cluster's bindings then say what shutdown left (cluster/node.py).
         self.on_stopped: list[Callable[[], Awaitable[None]]] = []

@@ -1,4 +1,6 @@
-"""Teams and keys in the node's database (orchestrator/store.py's connection).
+"""Where teams and keys live: the node's database (`TeamStore`, on orchestrator/store.py's
+connection), or a cluster's etcd (cluster/teams.py), behind one interface (`Teams`): reads
+are synchronous (every request asks who it comes from), changes are not.
 
 Keys are looked up by their SHA-256 on every request, with no cache: a revoked key is
 refused from the next request on.
@@ -10,6 +12,7 @@ import secrets
 import sqlite3
 import time
 import uuid
+from typing import Any, Protocol
 
 from aenv.teams.model import (
     DEFAULT_TEAM,
@@ -48,21 +51,67 @@ CREATE TABLE IF NOT EXISTS api_keys (
 """
 _TEAM_COLS = "team_id, name, max_sandboxes, max_memory_mib, created_us"
 _KEY_COLS = "key_id, team_id, name, mask, admin, created_us, revoked_us"
-_UNSET = object()
 
 
 class KeyNotFound(TeamError):
     status = 404
 
 
+class Teams(Protocol):
+    """TeamError (400) on bad input, TeamNotFound and KeyNotFound (404), TeamExists (409)."""
+
+    def principal(self, key: str) -> Principal | None: ...
+
+    def team(self, ref: str) -> Team: ...
+
+    def teams(self) -> list[Team]: ...
+
+    def key(self, key_id: str) -> ApiKey: ...
+
+    def keys(self, team_ref: str | None = None) -> list[ApiKey]: ...
+
+    async def bind_node_key(self, key: str) -> None: ...
+
+    async def create_team(self, name: object, max_sandboxes: object = None,
+                          max_memory_mib: object = None) -> Team: ...  # fmt: skip
+
+    async def set_limits(self, ref: str, **changes: object) -> Team: ...
+
+    async def delete_team(self, ref: str) -> Team: ...
+
+    async def create_key(self, team_ref: str, name: object = "", admin: bool = False
+                         ) -> tuple[ApiKey, str]: ...  # fmt: skip
+
+    async def revoke(self, key_id: str) -> ApiKey: ...
+
+
+def limit_changes(team: Team, changes: dict[str, object]) -> dict[str, int | None]:
+    """`changes` ({max_sandboxes, max_memory_mib}: None removes a limit) checked."""
+    names = {"max_sandboxes": "maxSandboxes", "max_memory_mib": "maxMemoryMB"}
+    unknown = set(changes) - set(names)
+    if unknown:
+        raise TeamError(f"unknown limit {sorted(unknown)[0]!r}")
+    return {k: check_limit(v, names[k]) for k, v in changes.items()}
+
+
+def check_deletable(team: Team) -> None:
+    if team.team_id == DEFAULT_TEAM:
+        raise TeamError("the default team cannot be deleted")
+
+
+def check_revocable(key_id: str) -> None:
+    if key_id == NODE_KEY_ID:
+        raise TeamError("the node's own key is changed through its file (or "
+                        "AENV_API_KEY) and a restart, not revoked")  # fmt: skip
+
+
 def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-def _key(row: tuple[object, ...]) -> ApiKey:
+def _key(row: tuple[Any, ...]) -> ApiKey:
     kid, team, name, msk, admin, created, revoked = row
-    return ApiKey(str(kid), str(team), str(name), str(msk), bool(admin), int(created),  # type: ignore[call-overload]
-                  None if revoked is None else int(revoked))  # type: ignore[call-overload]
+    return ApiKey(kid, team, name, msk, bool(admin), created, revoked)
 
 
 class TeamStore:
@@ -76,7 +125,7 @@ class TeamStore:
 
     # -- the node's own key ----------------------------------------------------------------
 
-    def bind_node_key(self, key: str) -> None:
+    async def bind_node_key(self, key: str) -> None:
         """The node's key (its file or AENV_API_KEY) is the default team's admin key; a new
         one replaces the old at start."""
         with self._db:
@@ -98,8 +147,8 @@ class TeamStore:
 
     # -- teams -----------------------------------------------------------------------------
 
-    def create_team(self, name: object, max_sandboxes: object = None,
-                    max_memory_mib: object = None) -> Team:
+    async def create_team(self, name: object, max_sandboxes: object = None,
+                          max_memory_mib: object = None) -> Team:
         name = check_name(name)
         limits = (check_limit(max_sandboxes, "maxSandboxes"),
                   check_limit(max_memory_mib, "maxMemoryMB"))
@@ -124,25 +173,21 @@ class TeamStore:
         rows = self._db.execute(f"SELECT {_TEAM_COLS} FROM teams ORDER BY created_us, team_id")
         return [Team(*r) for r in rows.fetchall()]
 
-    def set_limits(self, ref: str, max_sandboxes: object = _UNSET,
-                   max_memory_mib: object = _UNSET) -> Team:
+    async def set_limits(self, ref: str, **changes: object) -> Team:
         """Changes the limits given (None: no limit); leaves the others."""
         team = self.team(ref)
-        sets = {"max_sandboxes": max_sandboxes, "max_memory_mib": max_memory_mib}
-        names = {"max_sandboxes": "maxSandboxes", "max_memory_mib": "maxMemoryMB"}
-        changes = {k: check_limit(v, names[k]) for k, v in sets.items() if v is not _UNSET}
-        if changes:
+        checked = limit_changes(team, changes)
+        if checked:
             with self._db:
                 self._db.execute(
-                    f"UPDATE teams SET {', '.join(f'{k}=?' for k in changes)} WHERE team_id=?",
-                    (*changes.values(), team.team_id))  # fmt: skip
+                    f"UPDATE teams SET {', '.join(f'{k}=?' for k in checked)} WHERE team_id=?",
+                    (*checked.values(), team.team_id))  # fmt: skip
         return self.team(team.team_id)
 
-    def delete_team(self, ref: str) -> Team:
+    async def delete_team(self, ref: str) -> Team:
         """Removes a team and its keys; the caller checks it owns nothing."""
         team = self.team(ref)
-        if team.team_id == DEFAULT_TEAM:
-            raise TeamError("the default team cannot be deleted")
+        check_deletable(team)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM api_keys WHERE team_id=?", (team.team_id,))
@@ -151,8 +196,8 @@ class TeamStore:
 
     # -- keys ------------------------------------------------------------------------------
 
-    def create_key(self, team_ref: str, name: object = "", admin: bool = False
-                   ) -> tuple[ApiKey, str]:  # fmt: skip
+    async def create_key(self, team_ref: str, name: object = "", admin: bool = False
+                         ) -> tuple[ApiKey, str]:  # fmt: skip
         """A new key of the team: its record and the key itself, which is stored nowhere."""
         team = self.team(team_ref)
         name = check_name(name, "key") if name else "key"
@@ -180,11 +225,9 @@ class TeamStore:
                                     (self.team(team_ref).team_id,)).fetchall()  # fmt: skip
         return [_key(r) for r in rows]
 
-    def revoke(self, key_id: str) -> ApiKey:
+    async def revoke(self, key_id: str) -> ApiKey:
         """From the next request on the key is refused; its record stays, marked."""
-        if key_id == NODE_KEY_ID:
-            raise TeamError("the node's own key is changed through its file (or "
-                            "AENV_API_KEY) and a restart, not revoked")  # fmt: skip
+        check_revocable(key_id)
         key = self.key(key_id)
         if key.revoked_us is None:
             with self._db:

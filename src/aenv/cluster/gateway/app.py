@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import json
 import logging
 import re
@@ -81,6 +80,7 @@ from aenv.cluster.published import (
     paused_key,
     published_prefix,
 )
+from aenv.cluster.teams import EtcdTeams
 from aenv.cluster.view import PrefixView
 from aenv.config import Config
 from aenv.obs import GATEWAY_REQUESTS
@@ -126,6 +126,7 @@ class Gateway:
         self.bindings: PrefixView[Binding] | None = None
         self.published: PrefixView[PublishedEntry] | None = None
         self.idem: Idempotency | None = None
+        self.teams: EtcdTeams | None = None  # every team's keys (cluster/teams.py)
         self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
         install_abort_filter()
 
@@ -149,7 +150,10 @@ class Gateway:
         self.idem = Idempotency(self.etcd, self.prefix)
         self.bindings = PrefixView(self.etcd, f"{self.prefix}bindings/", _parse_binding)
         self.published = PrefixView(self.etcd, published_prefix(self.prefix), parse_entry)
+        self.teams = EtcdTeams(self.etcd, self.prefix)
         try:
+            await self.teams.start()
+            await self.teams.bind_node_key(self.api_key)
             await self.members.start()
             await self.bindings.start()
             await self.published.start()
@@ -158,7 +162,7 @@ class Gateway:
             raise
 
     async def close(self) -> None:
-        for view in (self.published, self.bindings, self.members):
+        for view in (self.published, self.bindings, self.members, self.teams):
             if view is not None:
                 await view.stop()
         if self.etcd is not None:
@@ -360,7 +364,8 @@ class Gateway:
         given = next((v for k, v in scope["headers"] if k == IDEMPOTENCY_HEADER), None)
         if given is not None:
             assert self.idem is not None
-            key = self.idem.key(self.api_key, given.decode("latin-1"))
+            caller = next(v for k, v in scope["headers"] if k == b"x-api-key")
+            key = self.idem.key(caller.decode("latin-1"), given.decode("latin-1"))
             try:
                 c, _ = await self.idem.claim(key, body)
             except KeyReused as e:
@@ -469,8 +474,11 @@ class Gateway:
                 await self.idem.let_go(*claim)
 
     def _key_ok(self, scope: dict[str, Any]) -> bool:
+        """A key of a team (the cluster's own key is the default team's admin key); the
+        nodes then scope what the call sees to that team."""
         given = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
-        return given is not None and hmac.compare_digest(given, self.api_key.encode())
+        return (given is not None and self.teams is not None
+                and self.teams.principal(given.decode("latin-1")) is not None)
 
     async def _answer(self, send: Any, a: Answer) -> str:
         headers = [(k, v) for k, v in a.headers if k.lower() not in _ANSWER_DROP]
