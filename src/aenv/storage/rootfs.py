@@ -13,8 +13,8 @@ from pathlib import Path
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_PACKAGES = (
-    "bash", "coreutils", "python3", "sudo", "curl", "git", "ca-certificates", "procps",
-    "iproute2",
+    "bash", "coreutils", "python3", "python-is-python3", "sudo", "curl", "git",
+    "ca-certificates", "procps", "iproute2",
 )
 USER_NAME, USER_UID = "user", 1000
 BUSYBOX = Path("/bin/busybox")
