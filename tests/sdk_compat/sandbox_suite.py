@@ -10,15 +10,11 @@ Usage: python -m tests.sdk_compat.sandbox_suite SDK_DIR [PYTEST ARGS]
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from tests.e2e.conftest import API_KEY, NodeProcess
-from tests.support import census
-from tests.support.host import free_port
+from tests.sdk_compat import run_suite
 
 SUITES = ("sync", "async")
 # Not run: the template tests (template_suite.py), and those that need the internet or an
@@ -31,26 +27,9 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    sdk = Path(argv[0]).resolve()
     work = Path(tempfile.mkdtemp(prefix="aenv-sdk-suite-"))
-    instance = census.new_instance()
-    node = NodeProcess(free_port(), work / "server.log", extra_env={
-        "AENV_INSTANCE": instance, "AENV_PRIMED_POOL_SIZE": "0"})  # fmt: skip
-    node.start()
-    try:
-        env = {**os.environ, "E2B_API_URL": node.origin, "E2B_SANDBOX_URL": node.origin,
-               "E2B_VOLUME_API_URL": node.origin, "E2B_API_KEY": API_KEY}  # fmt: skip
-        env.pop("E2B_DEBUG", None)  # debug mode skips the control plane
-        args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
-                "-c", str(sdk / "pytest.ini"), "--rootdir", str(sdk),
-                *(f"--ignore-glob={g}" for g in IGNORED),
-                *[str(sdk / "tests" / s) for s in SUITES], *argv[1:]]  # fmt: skip
-        rc = subprocess.run(args, env=env, cwd=sdk).returncode
-    finally:
-        node.stop()
-        census.release(instance)
-    print(f"server log: {work / 'server.log'}")
-    return rc
+    return run_suite(Path(argv[0]).resolve(), work, list(SUITES),
+                     [*(f"--ignore-glob={g}" for g in IGNORED), *argv[1:]])
 
 
 if __name__ == "__main__":
