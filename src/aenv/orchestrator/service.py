@@ -56,6 +56,7 @@ from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Stor
 from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
 from aenv.teams import names
+from aenv.teams.model import TeamNotFound
 from aenv.teams.store import Teams, TeamStore
 from aenv.volumes.store import Volumes, VolumeStore
 
@@ -326,7 +327,10 @@ class Orchestrator(Pausing, Forking, Networking):
         team past its limits (running and restoring sandboxes count, as for the node's)."""
         if self.teams is None:
             return
-        team = self.teams.team(team_id)
+        try:
+            team = self.teams.team(team_id)
+        except TeamNotFound:  # gone (another node deleted it): nothing left to hold it to
+            return
         if team.max_sandboxes is not None:
             have = self.store.count(HOLDS_CAPACITY, team_id)
             if have + vms > team.max_sandboxes:
