@@ -51,6 +51,11 @@ PUBLIC = {"/health", "/metrics", "/openapi.json"}
 # 400 it calls undocumented). tests/unit/api/test_volumes.py covers it, escapes included;
 # the key check below still covers it.
 CONTENT = "/volumecontent/"
+# Nor the admin API: what it changes outlives a sequence (a team's limits, which the stateless
+# run may set on the node's own team, would refuse later creates), and hypothesis needs every
+# sequence to start from the same node. tests/unit/api/test_teams.py covers it, bad input
+# included; the key check below still covers it.
+ADMIN = "/admin/"
 CREATES = {"/v2/sandboxes", "/sandboxes"}
 ALLOWED_5XX = {501, 507}
 SID = re.compile(r"^[a-z0-9]{20}$")
@@ -258,7 +263,7 @@ def _negatable(op: Any) -> bool:
 def test_fuzz_openapi(capped: NodeProcess, sandboxes: Sandboxes) -> None:
     failures: list[str] = []
     for op in _operations(capped):
-        if op.path.startswith(CONTENT):
+        if op.path.startswith((CONTENT, ADMIN)):
             continue
         modes = [(GenerationMode.POSITIVE, POSITIVE)]
         if _negatable(op):
@@ -280,7 +285,7 @@ def test_fuzz_openapi(capped: NodeProcess, sandboxes: Sandboxes) -> None:
 
 def test_fuzz_openapi_stateful(capped: NodeProcess, sandboxes: Sandboxes) -> None:
     schema = schemathesis.openapi.from_url(capped.origin + "/openapi.json", config=CONFIG
-                                           ).exclude(path_regex=f"^{CONTENT}")  # fmt: skip
+                                           ).exclude(path_regex=f"^({CONTENT}|{ADMIN})")
     steps: Counter[tuple[str, int]] = Counter()
     kwargs: dict[str, Any] = {"base_url": capped.origin, "headers": {"X-API-Key": API_KEY},
                               "timeout": 120}  # fmt: skip
