@@ -172,9 +172,15 @@ class Sandboxes:
             assert self.api.delete(f"/templates/{value}").status_code in (204, 404)
 
     def kill_all(self) -> None:
+        """The node as a sequence found it: no sandboxes, snapshots, secrets or volumes
+        (hypothesis replays a sequence's choices, and listings feed its next draws)."""
         for s in self.api.get("/v2/sandboxes").json():
             self.api.delete(f"/sandboxes/{s['sandboxID']}")
         self.current = None
+        for s in self.api.get("/secrets").json():
+            assert self.api.delete(f"/secrets/{s['secretID']}").status_code in (204, 404)
+        for v in self.api.get("/volumes").json():
+            assert self.api.delete(f"/volumes/{v['volumeID']}").status_code in (204, 404)
         for snap in self.snapshots:
             assert self.api.delete(f"/templates/{snap}").status_code in (204, 404)
         for sid in self.created:
