@@ -12,6 +12,7 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
+from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
 from tests.support.registry import Seeded, have_tools, seeded_registry
 
@@ -110,3 +111,27 @@ def test_a_failing_step_names_itself_and_leaves_no_template(node: NodeProcess, s
         Template.build(Template().from_image(f"{seeded.registry.host}/test/none:1"), name)
     assert "manifest unknown" in str(e.value)
     assert not Template.exists(name)
+
+
+def test_a_build_from_the_nodes_own_base_image_starts_from_its_template(
+        node: NodeProcess, tmp_path: Path) -> None:
+    """`aenv setup` exports the minimal Debian as `localhost/aenv/base-minimal`: a build FROM
+    it asks no registry and starts from the template it was exported from (no unpack, no
+    cold boot), and its sandboxes keep that template's Debian."""
+    name = f"e2e-own-base-{int(time.time() * 1000) % 10**8}"
+    logs: list[str] = []
+    with removed_after():
+        before = {p.name for p in (DATA_DIR / "templates").iterdir()}
+        Template.build(Template().from_image("localhost/aenv/base-minimal")
+                       .run_cmd("echo own > /home/user/own.txt"), name,
+                       on_build_logs=lambda e: logs.append(e.message))  # fmt: skip
+        assert any("own image: the build starts from it" in m for m in logs), logs
+        # No `image-…` template was made of it: the build started from the exported one.
+        made = {p.name for p in (DATA_DIR / "templates").iterdir()} - before
+        assert made == {name}, made
+        sbx = Sandbox.create(name, timeout=120)
+        try:
+            r = sbx.commands.run("cat own.txt; . /etc/os-release; echo $ID; whoami")
+            assert r.stdout.split() == ["own", "debian", "user"]
+        finally:
+            sbx.kill()

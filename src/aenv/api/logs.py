@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from aenv.api import query
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import (
     Error,
     SandboxLog,
@@ -21,6 +21,7 @@ from aenv.orchestrator.errors import NotFound
 from aenv.orchestrator.sandbox_logs import LogEntry
 from aenv.orchestrator.sandbox_logs import SandboxLogs as Store
 from aenv.orchestrator.service import Orchestrator
+from aenv.teams.model import DEFAULT_TEAM
 
 MAX_LIMIT = 10_000
 
@@ -34,7 +35,13 @@ async def _logs(request: Request, sandbox_id: str) -> Store:
     for what it logged since the last read first."""
     orch: Orchestrator = request.app.state.orchestrator
     logs = orch.logs
-    if logs is None or (orch.store.get(sandbox_id) is None and not logs.has(sandbox_id)):
+    if orch.store.get(sandbox_id) is None:  # a live one's team was checked by require_api_key
+        # An ended sandbox's log is its team's alone; one that ended before teams were
+        # recorded is the default team's.
+        owner = orch.store.ended_team(sandbox_id) or DEFAULT_TEAM
+        if logs is None or owner != team_of(request) or not logs.has(sandbox_id):
+            raise NotFound(f"sandbox '{sandbox_id}' not found")
+    elif logs is None:
         raise NotFound(f"sandbox '{sandbox_id}' not found")
     await orch.pull_guest_logs(sandbox_id)
     return logs

@@ -131,14 +131,18 @@ def gateway(
 @app.command()
 def setup(
     template: list[str] = typer.Option(  # noqa: B008
-        ["base"], "--template", "-t", help="NAME[=RECIPE] to build (recipes: debian, busybox)"
+        ["base"], "--template", "-t",
+        help="NAME[=RECIPE] to build (recipes: debian, busybox; `base` alone: the familiar base)",
     ),
     force: bool = typer.Option(False, help="rebuild templates even if up to date"),
+    minimal_base: bool = typer.Option(
+        False, envvar="AENV_MINIMAL_BASE",
+        help="make `base` the minimal Debian (quick; CI) instead of the familiar base built on it"),
 ) -> None:
     """Prepare this host: data filesystem, guest kernel, tools drive, templates."""
     from aenv.cli.setup import setup as run_setup
 
-    run_setup(template=template, force=force)
+    run_setup(template=template, force=force, minimal_base=minimal_base)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aenv.images.local import LocalImages
 from aenv.images.reference import Reference
 from aenv.images.registry import Credentials, RegistryError, RemoteImage, Skopeo
 
@@ -33,6 +34,17 @@ UNPACK_TIMEOUT_S = 3600
 # Unpacked layers take more room than their compressed blobs; what a pull must find free,
 # per byte of blob it fetches (the blob, its unpacked files, the disk image made from them).
 SPACE_FACTOR = 4
+
+
+def umoci(*args: str, timeout: float = 600) -> None:
+    try:
+        p = subprocess.run([UMOCI, *args], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)  # fmt: skip
+    except FileNotFoundError:
+        raise RegistryError("umoci is not installed (scripts/install-host-deps.sh)",
+                            "bad_config") from None  # fmt: skip
+    if p.returncode != 0:
+        raise RegistryError(f"umoci {args[0]} failed: {p.stderr.strip()[-300:]}", "corrupt")
 
 
 class NoSpace(RegistryError):
@@ -83,6 +95,7 @@ class ImageCache:
         self.root = root
         self.layout = root / "oci"
         self.skopeo = skopeo
+        self.local = LocalImages(root)
         root.mkdir(parents=True, exist_ok=True)
 
     # --- the layout -------------------------------------------------------------------------
@@ -180,7 +193,15 @@ class ImageCache:
              on_line: Callable[[str], None] | None = None,
              admit: Callable[[RemoteImage], None] | None = None) -> CachedImage:
         """`admit` may refuse an image the cache lacks (its bound) before anything is
-        written."""
+        written. A node-local image (`images.local`) is answered with no registry asked."""
+        local = self.local.get(ref)
+        if local is not None:
+            cached = self.find(ref, local.digest)
+            if cached is None:
+                raise RegistryError(f"{ref} is an image of this node (exported from template "
+                                    f"{local.template}) and its blobs are gone: `aenv setup` "
+                                    "exports it again", "corrupt")  # fmt: skip
+            return cached
         remote = self.skopeo.inspect(ref, creds)
         cached = self.find(ref, remote.digest)
         if cached is not None:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge
 
-from aenv.images.cache import UMOCI, ImageCache, NoSpace
-from aenv.images.registry import RegistryError, RemoteImage
+from aenv.images.cache import ImageCache, NoSpace, umoci
+from aenv.images.registry import RemoteImage
 from aenv.storage import lru
 from aenv.storage.files import write_json_atomic
 
@@ -58,14 +57,9 @@ def _size(cache: ImageCache, blobs: set[str]) -> int:
     return total
 
 
-def _umoci(*args: str) -> None:
-    p = subprocess.run([UMOCI, *args], capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        raise RegistryError(f"umoci {args[0]} failed: {p.stderr.strip()[-300:]}", "corrupt")
-
-
 def check_room(cache: ImageCache, remote: RemoteImage, bound: int, pinned: set[str]) -> None:
     """NoSpace (507) when the image would not fit in the bound beside the pinned images."""
+    pinned = pinned | cache.local.tags()
     tags = cache.tags()
     pinned_blobs = set().union(*(tags[t] for t in pinned if t in tags))
     have = cache.cached_blobs()
@@ -77,7 +71,9 @@ def check_room(cache: ImageCache, remote: RemoteImage, bound: int, pinned: set[s
 
 
 def evict(cache: ImageCache, bound: int, pinned: set[str]) -> Report:
-    """Untag unpinned images, least recently used first, until the blobs fit in `bound`."""
+    """Untag unpinned images, least recently used first, until the blobs fit in `bound`.
+    Node-local images are pinned whatever the caller says: no registry has them."""
+    pinned = pinned | cache.local.tags()
     with cache.locked():
         tags = cache.tags()
         usage = _usage(cache)
@@ -91,11 +87,11 @@ def evict(cache: ImageCache, bound: int, pinned: set[str]) -> Report:
         total = _size(cache, set().union(*(b for t, b in tags.items()
                                            if t not in report.evicted)))  # fmt: skip
         for tag in report.evicted:
-            _umoci("remove", "--image", f"{cache.layout}:{tag}")
+            umoci("remove", "--image", f"{cache.layout}:{tag}")
             usage.pop(tag, None)
             EVICTIONS.inc()
         if report.evicted or total < report.total:
-            _umoci("gc", "--layout", str(cache.layout))
+            umoci("gc", "--layout", str(cache.layout))
             write_json_atomic(cache.root / USAGE, usage)
             report.total = _size(cache, cache.cached_blobs())
     CACHE_BYTES.labels("total").set(report.total)

@@ -87,9 +87,11 @@ def find_lower(templates: list[Any], cache: ImageCache, image: CachedImage,
     if mine is None:
         return None
     best: Lower | None = None
+    # A template exported as an image (images.export) holds that image's tree as well.
+    exported = {(x.template, x.snapshot_id) for x in cache.local.all().values()}
     for t in templates:
-        if (t.start_cmd or t.shape != shape or not t.recipe.startswith("image-")
-                or "@sha256:" not in t.source_image):  # fmt: skip
+        from_image = t.recipe.startswith("image-") or (t.name, t.snapshot_id) in exported
+        if t.start_cmd or t.shape != shape or not from_image or "@sha256:" not in t.source_image:
             continue
         lower = cache.layer_types(layout_tag(t.source_image.rsplit("@", 1)[1]))
         n = len(lower or [])

@@ -92,6 +92,11 @@ async def template_from_image(rt: object, image: str, name: str | None,
         name = (f"image-{pulled.manifest_digest.removeprefix('sha256:')[:12]}-"
                 f"{size.vcpus}c{size.memory_mib}m{size.disk_mib}d")  # fmt: skip
     source = f"{ref.name}:{ref.tag}@{pulled.digest}" if ref.tag else str(ref)
+    if name is None:  # a build's base: the template an image was exported from is that image
+        same = exported_template(rt, cache, pulled.manifest_digest)
+        if same is not None:
+            progress(f"{ref} is template {same.name}'s own image: the build starts from it")
+            return same
     with contextlib.suppress(TemplateMissing):  # its snapshot has another process running
         force = force or rt.catalog.get(name).start_cmd != start_cmd
     t = await _layered(rt, cache, pulled, name, source, shape or cfg.default_shape, force,
@@ -117,6 +122,19 @@ async def template_from_image(rt: object, image: str, name: str | None,
     if start_cmd and t.start_cmd != start_cmd:
         t = await finalize.with_start_cmd(rt, t, start_cmd, ready_cmd, progress)
     return t
+
+
+def exported_template(rt: Any, cache: ImageCache, digest: str) -> Template | None:
+    """The template image `digest` was exported from (`images.export`), as it was then."""
+    for x in cache.local.all().values():
+        if x.digest != digest:
+            continue
+        with contextlib.suppress(TemplateMissing):
+            t: Template = rt.catalog.get(x.template)
+            if (t.snapshot_id == x.snapshot_id and not t.start_cmd
+                    and rt.has_snapshot(t.snapshot_id)):  # fmt: skip
+                return t
+    return None
 
 
 async def _layered(rt: Any, cache: ImageCache, pulled: CachedImage, name: str, source: str,

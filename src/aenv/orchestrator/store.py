@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from aenv.teams.model import DEFAULT_TEAM
 # later are in `_ADDED_COLUMNS`, added in place to a database that lacks them (older readers
 # name the columns they read, so the version stays).
 SCHEMA_VERSION = 1
+ENDED_KEPT_S = 24 * 3600  # as long as an ended sandbox's log (sandbox_logs.RETENTION_S)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -54,6 +56,13 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 );
 CREATE INDEX IF NOT EXISTS sandboxes_by_start ON sandboxes (started_at_us, sandbox_id);
 CREATE INDEX IF NOT EXISTS sandboxes_by_state_end ON sandboxes (state, end_at_us);
+-- Who owned a sandbox that ended, for as long as its log is kept (sandbox_logs.py): its
+-- log stays its team's alone.
+CREATE TABLE IF NOT EXISTS ended_sandboxes (
+    sandbox_id  TEXT PRIMARY KEY,
+    team_id     TEXT NOT NULL,
+    ended_us    INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS sandbox_metadata (
     sandbox_id  TEXT NOT NULL REFERENCES sandboxes (sandbox_id) ON DELETE CASCADE,
     key         TEXT NOT NULL,
@@ -360,13 +369,27 @@ class Store:
             if not is_legal(src, GONE):
                 raise ValueError(f"illegal removal from {src}")
         marks = ", ".join("?" * len(expected))
-        cur = self.db.execute(
-            f"DELETE FROM sandboxes WHERE sandbox_id = ? AND state IN ({marks})",
-            (sandbox_id, *map(str, expected)),
-        )
-        if cur.rowcount == 1:
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute(
+                f"DELETE FROM sandboxes WHERE sandbox_id = ? AND state IN ({marks}) "
+                "RETURNING team_id", (sandbox_id, *map(str, expected)),
+            ).fetchone()
+            if row is not None:
+                now = time.time_ns() // 1000
+                self.db.execute("INSERT OR REPLACE INTO ended_sandboxes VALUES (?, ?, ?)",
+                                (sandbox_id, row[0], now))  # fmt: skip
+                self.db.execute("DELETE FROM ended_sandboxes WHERE ended_us < ?",
+                                (now - ENDED_KEPT_S * 1_000_000,))  # fmt: skip
+        if row is not None:
             self._changed()
-        return cur.rowcount == 1
+        return row is not None
+
+    def ended_team(self, sandbox_id: str) -> str | None:
+        """The team of a sandbox that ended here (within ENDED_KEPT_S), else None."""
+        row = self.db.execute("SELECT team_id FROM ended_sandboxes WHERE sandbox_id = ?",
+                              (sandbox_id,)).fetchone()  # fmt: skip
+        return None if row is None else str(row[0])
 
     def force_delete(self, sandbox_id: str) -> None:
         """Remove a record whatever its state: restart recovery and shutdown only."""

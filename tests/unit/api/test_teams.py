@@ -76,6 +76,18 @@ async def test_another_teams_sandbox_is_not_found_by_any_route(
         assert (await admin.get(f"/sandboxes/{kids[0]}")).status_code == 404
 
 
+async def test_an_ended_sandboxs_log_stays_its_teams(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    key = await _team_key(admin, "grey")
+    async with _as(node, key) as grey:
+        sid = (await _create(grey)).json()["sandboxID"]
+        assert (await grey.delete(f"/sandboxes/{sid}")).status_code == 204
+        for url in (f"/sandboxes/{sid}/logs", f"/v2/sandboxes/{sid}/logs"):
+            r = await grey.get(url)
+            assert r.status_code == 200 and "sandbox.killed" in r.text, r.text
+            assert_error(await admin.get(url), 404, "not found")
+
+
 async def test_a_team_over_its_limits_gets_429_that_says_not_to_retry(
         node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
     key = await _team_key(admin, "small", maxSandboxes=2, maxMemoryMB=1024)
