@@ -100,6 +100,7 @@ def setup(
 ) -> None:
     """Prepare this host: data filesystem, guest kernel, tools drive, templates."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the build polls its status
     try:
         asyncio.run(_setup(template, force, minimal_base))
     except (BuildError, KernelBuildError, RootfsError, DataFsError, VmmError, RegistryError,

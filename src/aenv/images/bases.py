@@ -69,25 +69,39 @@ async def minimal(rt: Any, name: str, force: bool, progress: Callable[[str], Non
 def plan_familiar(rt: Any, force: bool, progress: Callable[[str], None]) -> FamiliarPlan | None:
     """The familiar build to run, or None when `base` is already that build."""
     low: Template = rt.catalog.get(MINIMAL)
+    disk = rt.snapshots.file(low.snapshot_id, "disk")
     work = tempfile.TemporaryDirectory(dir=rt.cfg.images_dir, prefix=".familiar-")
     try:
-        progress(f"resolving the familiar base's packages ({', '.join(familiar.PACKAGES)})")
-        debs = familiar.download_packages(rt.snapshots.file(low.snapshot_id, "disk"),
-                                          Path(work.name))  # fmt: skip
-        key = familiar.build_key(low.snapshot_id, debs)
-        with contextlib.suppress(TemplateMissing, OSError):
-            t: Template = rt.catalog.get(FAMILIAR)
-            done = (rt.catalog.dir(FAMILIAR) / KEY_FILE).read_text().strip()
-            if not force and done == key and rt.has_snapshot(t.snapshot_id):
-                progress(f"template {FAMILIAR} is up to date")
-                work.cleanup()
-                return None
+        try:
+            key = familiar.build_key(low.snapshot_id,
+                                     familiar.resolve_packages(disk, Path(work.name)))
+        except familiar.FamiliarError as e:
+            if not _built(rt):
+                raise
+            progress(f"keeping template {FAMILIAR} as it is: {e}")  # an offline host
+            work.cleanup()
+            return None
+        if not force and _built(rt) == key:
+            progress(f"template {FAMILIAR} is up to date")
+            work.cleanup()
+            return None
+        progress(f"downloading the familiar base's packages ({', '.join(familiar.PACKAGES)})")
+        debs = familiar.download_packages(disk, Path(work.name))
         familiar.write_context(Path(work.name))
         progress(f"{len(debs)} packages to install into {FAMILIAR}")
         return FamiliarPlan(work, key)
     except BaseException:
         work.cleanup()
         raise
+
+
+def _built(rt: Any) -> str | None:
+    """The key of the familiar build `base` is, if it is one and its snapshot is here."""
+    with contextlib.suppress(TemplateMissing, OSError):
+        t: Template = rt.catalog.get(FAMILIAR)
+        if t.recipe == "build" and rt.has_snapshot(t.snapshot_id):
+            return (rt.catalog.dir(FAMILIAR) / KEY_FILE).read_text().strip()
+    return None
 
 
 def finish_familiar(rt: Any, plan: FamiliarPlan | None, progress: Callable[[str], None]) -> None:

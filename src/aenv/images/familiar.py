@@ -56,26 +56,48 @@ def _check(argv: list[str], what: str, **kw: object) -> subprocess.CompletedProc
     return p
 
 
-def download_packages(minimal_disk: Path, work: Path) -> list[str]:
-    """The .deb files of PACKAGES and every dependency the minimal image lacks, into
-    `work/debs`; their file names (name_version_arch), sorted."""
+def _apt(status: Path, *args: str) -> list[str]:
+    return ["apt-get", "-q", "-y", "--no-install-recommends", f"-oDir::State::status={status}",
+            "-oDebug::NoLocking=1", *args, "install", *PACKAGES]  # fmt: skip
+
+
+def _status(minimal_disk: Path, work: Path) -> Path:
     status = work / "status"
     status.write_bytes(_check(["debugfs", "-R", "cat /var/lib/dpkg/status", str(minimal_disk)],
                               "reading the minimal image's dpkg status").stdout)  # fmt: skip
     if b"Package: " not in status.read_bytes():
         raise FamiliarError(f"{minimal_disk} holds no dpkg status: not a Debian root")
+    return status
+
+
+APT_HINT = " (the host's apt lists: `apt-get update`)"
+
+
+def resolve_packages(minimal_disk: Path, work: Path) -> list[str]:
+    """The .deb files PACKAGES need beyond what the minimal image holds (name_version_arch,
+    sorted), by the host's apt against the image's own dpkg status, with no download."""
+    argv = _apt(_status(minimal_disk, work), "--print-uris", "-qq")
+    try:
+        out = _check(argv, "resolving the familiar base's packages").stdout.decode()
+    except FamiliarError:  # lists never fetched or stale: fetch them once, as apt would ask
+        _check(["apt-get", "update", "-qq"], "apt-get update")
+        out = _check(argv, "resolving the familiar base's packages" + APT_HINT).stdout.decode()
+    return sorted(line.split()[1] for line in out.splitlines() if line.startswith("'"))
+
+
+def download_packages(minimal_disk: Path, work: Path) -> list[str]:
+    """Those .deb files, into `work/debs`; their names."""
+    archives = work / "archives"
+    (archives / "partial").mkdir(parents=True)
+    _check(_apt(_status(minimal_disk, work), "--download-only",
+                f"-oDir::Cache::archives={archives}"),
+           "downloading the familiar base's packages" + APT_HINT)  # fmt: skip
     debs = work / "debs"
-    (work / "archives/partial").mkdir(parents=True)
-    _check(["apt-get", "-q", "-y", "--download-only", "--no-install-recommends",
-            f"-oDir::State::status={status}", f"-oDir::Cache::archives={work / 'archives'}",
-            "-oDebug::NoLocking=1", "install", *PACKAGES],
-           "downloading the familiar base's packages (apt-get; are the host's apt lists "
-           "current? `apt-get update`)")  # fmt: skip
     debs.mkdir()
-    for f in (work / "archives").glob("*.deb"):
+    for f in archives.glob("*.deb"):
         f.rename(debs / f.name)
-    shutil.rmtree(work / "archives")
-    status.unlink()
+    shutil.rmtree(archives)
+    (work / "status").unlink()
     return sorted(f.name for f in debs.glob("*.deb"))
 
 

@@ -85,6 +85,11 @@ async def template_from_image(rt: object, image: str, name: str | None,
                  f"were made from take {report.pinned >> 20} MiB")  # fmt: skip
     progress(f"image {pulled.manifest_digest} ({len(pulled.layers)} layers, "
              f"{pulled.size >> 20} MiB)")  # fmt: skip
+    if name is None:  # a build's base: the template an image was exported from is that image
+        same = exported_template(rt, cache, pulled.manifest_digest)
+        if same is not None:
+            progress(f"{ref} is template {same.name}'s own image: the build starts from it")
+            return same
     # A build's base image (no name given) is a template named by its digest: shared by
     # every build FROM that image, and rebuilt by none.
     if name is None:
@@ -92,11 +97,6 @@ async def template_from_image(rt: object, image: str, name: str | None,
         name = (f"image-{pulled.manifest_digest.removeprefix('sha256:')[:12]}-"
                 f"{size.vcpus}c{size.memory_mib}m{size.disk_mib}d")  # fmt: skip
     source = f"{ref.name}:{ref.tag}@{pulled.digest}" if ref.tag else str(ref)
-    if name is None:  # a build's base: the template an image was exported from is that image
-        same = exported_template(rt, cache, pulled.manifest_digest)
-        if same is not None:
-            progress(f"{ref} is template {same.name}'s own image: the build starts from it")
-            return same
     with contextlib.suppress(TemplateMissing):  # its snapshot has another process running
         force = force or rt.catalog.get(name).start_cmd != start_cmd
     t = await _layered(rt, cache, pulled, name, source, shape or cfg.default_shape, force,
