@@ -20,6 +20,10 @@ race test caught that.)
 
 Pauses and resumes do not wait on etcd: the node admits them itself (its own limits are
 the hard ones) and the reservation follows within a round.
+
+The node's share of each team's usage (`<prefix>team-usage/<team>/<node>`, what placements
+check team limits against) is written in the same transaction, from the same bindings: a
+team's key is rewritten when its sandboxes here change, and removed when it has none.
 """
 
 from __future__ import annotations
@@ -35,8 +39,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from aenv.cluster.etcd import Etcd, EtcdError, compare_mod, compare_version, delete_op, put_op
-from aenv.cluster.placement import Binding, Reservation, binding_key, reservation_key
+from aenv.cluster.placement import (
+    Binding,
+    Reservation,
+    binding_key,
+    reservation_key,
+    team_usage_key,
+    team_usage_prefix,
+)
 from aenv.tasks import cancel
+from aenv.teams.model import DEFAULT_TEAM
 
 log = logging.getLogger("aenv.cluster")
 
@@ -53,6 +65,7 @@ class Held:
     memory_mib: int
     template: str
     holds: bool
+    team: str = DEFAULT_TEAM
 
 
 class NodeBindings:
@@ -140,7 +153,7 @@ class NodeBindings:
             if sid in elsewhere:
                 continue
             want = Binding(node=self.node, memory_mib=held.memory_mib, template=held.template,
-                           holds=held.holds)  # fmt: skip
+                           holds=held.holds, team=held.team)  # fmt: skip
             final[sid] = want
             have = mine.get(sid)
             if have is None or have[0] != want:
@@ -162,6 +175,7 @@ class NodeBindings:
             memory_mib=sum(b.memory_mib for b in final.values() if b.holds),
         )
         settled = not any(b.pending for b in final.values())
+        await self._team_usage(final, compare, ops)
         if not ops and rkv is not None and rkv.value == reservation.model_dump_json().encode():
             self._settle(records, rev, settled)
             return True
@@ -175,6 +189,26 @@ class NodeBindings:
         if done:
             self._settle(records, r.revision, settled)
         return done
+
+    async def _team_usage(self, final: dict[str, Binding], compare: list[dict[str, Any]],
+                          ops: list[dict[str, Any]]) -> None:
+        """Each team's usage here as `final` holds it: the writes that make etcd say so."""
+        want: dict[str, Reservation] = {}
+        for b in final.values():
+            if b.holds:
+                r = want.setdefault(b.team, Reservation())
+                r.sandboxes += 1
+                r.memory_mib += b.memory_mib
+        kvs, _ = await self.etcd.get_prefix(team_usage_prefix(self.prefix))
+        have = {kv.key.split("/")[-2]: kv for kv in kvs if kv.key.endswith(f"/{self.node}")}
+        for team in want.keys() | have.keys():
+            key, kv = team_usage_key(self.prefix, team, self.node), have.get(team)
+            value = want[team].model_dump_json().encode() if team in want else None
+            if kv is not None and kv.value == value:
+                continue
+            compare.append(compare_mod(key, "EQUAL", kv.mod_revision) if kv else
+                           compare_version(key, "EQUAL", 0))  # fmt: skip
+            ops.append(put_op(key, value) if value is not None else delete_op(key))
 
     def _settle(self, records: dict[str, Held], revision: int, settled: bool) -> None:
         self._settled = (records, revision, time.monotonic()) if settled else None

@@ -99,6 +99,13 @@ def compare_mod(key: str, op: Literal["EQUAL", "GREATER", "LESS", "NOT_EQUAL"],
     return {"key": _b64(key), "target": "MOD", "result": op, "mod_revision": str(revision)}
 
 
+def compare_range_mod_below(prefix: str, revision: int) -> dict[str, Any]:
+    """Every key under `prefix` was last modified before `revision`: none written since a
+    read at `revision - 1`, and none created (etcd 3.3+ compares over a range)."""
+    return {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)), "target": "MOD",
+            "result": "LESS", "mod_revision": str(revision)}  # fmt: skip
+
+
 def put_op(key: str, value: bytes | str, lease: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
     if lease:

@@ -84,7 +84,8 @@ class NodeMembership:
         orchestrator.store.on_change.append(self.bindings.kick)
 
     def held(self) -> dict[str, Held]:
-        return {r.sandbox_id: Held(r.memory_mib, r.template_id, r.state in HOLDS_CAPACITY)
+        return {r.sandbox_id: Held(r.memory_mib, r.template_id, r.state in HOLDS_CAPACITY,
+                                   r.team_id)
                 for r in self.orch.store.all()}  # fmt: skip
 
     def record(self) -> NodeRecord:

@@ -9,6 +9,13 @@
   `PreferLocal` is the default: nodes that hold the template or snapshot first, then the
   least loaded.
 - `release` removes a binding and gives its reservation back, in one transaction too.
+- A team with limits (teams/) has its usage per node at `<prefix>team-usage/<team>/<node>`.
+  A placement for it reads the team's keys, refuses (`TeamLimitReached`) when one more
+  sandbox or its memory would pass a limit, and otherwise adds itself to the chosen node's
+  key in the same transaction, guarded on the whole range: a key of the team written since
+  the read (another placement, a node's reconcile) makes it read again. So a team spread
+  over many nodes and gateways stays within its limits. Nodes keep the keys true
+  (`bindings.py`).
 """
 
 from __future__ import annotations
@@ -28,11 +35,13 @@ from aenv.cluster.etcd import (
     EtcdError,
     KeyValue,
     compare_mod,
+    compare_range_mod_below,
     compare_version,
     delete_op,
     put_op,
 )
 from aenv.cluster.membership import NodeRecord
+from aenv.teams.model import DEFAULT_TEAM
 
 log = logging.getLogger("aenv.cluster")
 
@@ -47,6 +56,10 @@ class AlreadyBound(EtcdError):
 
 class PlacementFailed(Exception):
     """No node can take the sandbox (all full or draining), or too much contention."""
+
+
+class TeamLimitReached(Exception):
+    """The sandbox's team is at one of its limits across the cluster: not worth a retry."""
 
 
 class Reservation(BaseModel):
@@ -69,6 +82,21 @@ class Binding(BaseModel):
     holds: bool = True
     pending: bool = False
     placed_at: float = 0.0
+    team: str = DEFAULT_TEAM
+
+
+@dataclass(frozen=True, slots=True)
+class TeamQuota:
+    """A team's limits (None: none), as the placement enforces them cluster-wide."""
+
+    team: str
+    name: str
+    max_sandboxes: int | None = None
+    max_memory_mib: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.max_sandboxes is not None or self.max_memory_mib is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +104,11 @@ class PlacementRequest:
     sandbox_id: str
     memory_mib: int
     template: str = ""  # a template or snapshot id: nodes that hold it are preferred
+    quota: TeamQuota | None = None  # the sandbox's team (None: the default team, no limits)
+
+    @property
+    def team(self) -> str:
+        return self.quota.team if self.quota is not None else DEFAULT_TEAM
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +160,45 @@ def binding_key(prefix: str, sandbox_id: str) -> str:
     return f"{prefix}bindings/{sandbox_id}"
 
 
+def team_usage_prefix(prefix: str, team: str = "") -> str:
+    return f"{prefix}team-usage/{team}/" if team else f"{prefix}team-usage/"
+
+
+def team_usage_key(prefix: str, team: str, node: str) -> str:
+    return f"{team_usage_prefix(prefix, team)}{node}"
+
+
+@dataclass(frozen=True, slots=True)
+class _TeamRead:
+    """A limited team's usage as read: per node (with mod revisions), and the read's
+    revision (the range guard)."""
+
+    usage: dict[str, tuple[Reservation, int]]
+    revision: int
+
+    def total(self) -> Reservation:
+        return Reservation(sandboxes=sum(r.sandboxes for r, _ in self.usage.values()),
+                           memory_mib=sum(r.memory_mib for r, _ in self.usage.values()))
+
+
+async def _read_team(etcd: Etcd, prefix: str, req: PlacementRequest) -> _TeamRead | None:
+    q = req.quota
+    if q is None or not q.limited:
+        return None
+    kvs, revision = await etcd.get_prefix(team_usage_prefix(prefix, q.team))
+    read = _TeamRead({kv.key.rsplit("/", 1)[1]: (_reservation(kv), kv.mod_revision)
+                      for kv in kvs}, revision)  # fmt: skip
+    used = read.total()
+    if q.max_sandboxes is not None and used.sandboxes + 1 > q.max_sandboxes:
+        raise TeamLimitReached(f"team {q.name} may run {q.max_sandboxes} sandboxes at once "
+                               f"and runs {used.sandboxes} across the cluster")  # fmt: skip
+    if q.max_memory_mib is not None and used.memory_mib + req.memory_mib > q.max_memory_mib:
+        raise TeamLimitReached(f"team {q.name} may use {q.max_memory_mib} MiB at once and "
+                               f"uses {used.memory_mib} MiB across the cluster "
+                               f"({req.memory_mib} MiB asked)")  # fmt: skip
+    return read
+
+
 async def reservations(etcd: Etcd, prefix: str) -> dict[str, Reservation]:
     """What placements and nodes have reserved, by node."""
     return {node: r for node, (r, _) in (await _reservations(etcd, prefix)).items()}
@@ -151,6 +223,11 @@ def _reservation(kv: KeyValue | None) -> Reservation:
         return Reservation()
 
 
+def _less(r: Reservation, gone: Reservation) -> Reservation:
+    return Reservation(sandboxes=max(r.sandboxes - gone.sandboxes, 0),
+                       memory_mib=max(r.memory_mib - gone.memory_mib, 0))
+
+
 def _guard(key: str, revision: int) -> dict[str, object]:
     # A reservation never written has version 0; a written one must be unchanged since read.
     return compare_version(key, "EQUAL", 0) if revision == 0 else \
@@ -166,6 +243,7 @@ async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: Place
     policy = policy or PreferLocal()
     bkey = binding_key(prefix, req.sandbox_id)
     for _ in range(ATTEMPTS):
+        team = await _read_team(etcd, prefix, req)
         reserved = await _reservations(etcd, prefix)
         views = [NodeView(n, reserved.get(n.name, (Reservation(), 0))[0]) for n in nodes]
         chosen = policy.choose(req, views)
@@ -177,12 +255,19 @@ async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: Place
         now, revision = reserved.get(name, (Reservation(), 0))
         after = Reservation(sandboxes=now.sandboxes + 1, memory_mib=now.memory_mib + req.memory_mib)
         binding = Binding(node=name, memory_mib=req.memory_mib, template=req.template,
-                          pending=True, placed_at=time.time())
+                          pending=True, placed_at=time.time(), team=req.team)
         unchanged = compare_mod(bkey, "EQUAL", replacing) if replacing else \
             compare_version(bkey, "EQUAL", 0)
-        r = await etcd.txn([_guard(rkey, revision), unchanged],
-                           [put_op(rkey, after.model_dump_json()),
-                            put_op(bkey, binding.model_dump_json())])  # fmt: skip
+        compare = [_guard(rkey, revision), unchanged]
+        ops = [put_op(rkey, after.model_dump_json()), put_op(bkey, binding.model_dump_json())]
+        if team is not None:
+            tprefix = team_usage_prefix(prefix, req.team)
+            mine = team.usage.get(name, (Reservation(), 0))[0]
+            compare.append(compare_range_mod_below(tprefix, team.revision + 1))
+            ops.append(put_op(team_usage_key(prefix, req.team, name), Reservation(
+                sandboxes=mine.sandboxes + 1,
+                memory_mib=mine.memory_mib + req.memory_mib).model_dump_json()))
+        r = await etcd.txn(compare, ops)
         if r.succeeded:
             return chosen.record
         kv = await etcd.get(bkey)
@@ -210,12 +295,16 @@ async def release(etcd: Etcd, prefix: str, sandbox_id: str) -> bool:
         rkey = reservation_key(prefix, b.node)
         rkv = await etcd.get(rkey)
         now = _reservation(rkv)
-        gone = (1, b.memory_mib) if b.holds else (0, 0)
-        after = Reservation(sandboxes=max(now.sandboxes - gone[0], 0),
-                            memory_mib=max(now.memory_mib - gone[1], 0))  # fmt: skip
-        r = await etcd.txn([compare_mod(bkey, "EQUAL", bkv.mod_revision),
-                            _guard(rkey, rkv.mod_revision if rkv else 0)],
-                           [delete_op(bkey), put_op(rkey, after.model_dump_json())])  # fmt: skip
+        gone = Reservation(sandboxes=1, memory_mib=b.memory_mib) if b.holds else Reservation()
+        compare = [compare_mod(bkey, "EQUAL", bkv.mod_revision),
+                   _guard(rkey, rkv.mod_revision if rkv else 0)]
+        ops = [delete_op(bkey), put_op(rkey, _less(now, gone).model_dump_json())]
+        tkey = team_usage_key(prefix, b.team, b.node)
+        tkv = await etcd.get(tkey) if b.holds else None
+        if tkv is not None:  # the team's usage on that node, given back in the same step
+            compare.append(compare_mod(tkey, "EQUAL", tkv.mod_revision))
+            ops.append(put_op(tkey, _less(_reservation(tkv), gone).model_dump_json()))
+        r = await etcd.txn(compare, ops)
         if r.succeeded:
             return True
         await asyncio.sleep(random.uniform(0, BACKOFF_S))

@@ -22,6 +22,7 @@ from aenv.cluster.placement import (
     binding_key,
     place,
     reservation_key,
+    team_usage_prefix,
 )
 
 
@@ -119,3 +120,25 @@ async def test_a_settled_node_reads_one_key_a_round_until_something_changes(
     del records["a"]
     assert await nb.reconcile() and len(reads) == 4
     assert await binding(etcd, prefix, "a") is None
+
+
+async def test_the_node_keeps_each_teams_usage_true(etcd: Etcd) -> None:
+    """The node writes its share of every team's usage from its records (what a placement
+    checks team limits against), and removes a team's key when it holds nothing for it."""
+    prefix = f"/b{os.urandom(3).hex()}/"
+    records = {"a": Held(512, "base", True, "t-red"), "b": Held(256, "base", True, "t-red"),
+               "c": Held(1024, "base", False, "t-red"), "d": Held(128, "base", True)}
+    nb = NodeBindings(etcd, prefix, "n1", lambda: dict(records))
+    assert await nb.reconcile()
+
+    async def usage() -> dict[str, str]:
+        kvs, _ = await etcd.get_prefix(team_usage_prefix(prefix))
+        return {kv.key.removeprefix(team_usage_prefix(prefix)): kv.value.decode()
+                for kv in kvs}  # fmt: skip
+
+    assert await usage() == {"t-red/n1": '{"sandboxes":2,"memory_mib":768}',
+                             "default/n1": '{"sandboxes":1,"memory_mib":128}'}
+    assert (await binding(etcd, prefix, "a")).team == "t-red"
+    del records["a"], records["b"]
+    assert await nb.reconcile()
+    assert await usage() == {"default/n1": '{"sandboxes":1,"memory_mib":128}'}

@@ -277,6 +277,40 @@ async def test_refused_creates_give_their_reservation_back_and_full_is_429(
             await api.delete(f"/sandboxes/{s['sandboxID']}")
 
 
+async def test_a_teams_limit_holds_across_the_cluster_with_429_not_to_retry(
+    tmp_path: Path, one: EtcdCluster
+) -> None:
+    """maxSandboxes=2 over two nodes: each node alone would take a second one (it runs one),
+    so the third create's 429 comes from the placement's count of the whole team."""
+    async with cluster(tmp_path, one) as c, c.api() as api:
+        node = f"http://127.0.0.1:{c.nodes[0].config.port}"
+        async with httpx.AsyncClient(base_url=node, headers={"X-API-Key": KEY}) as admin:
+            r = await admin.post("/admin/teams", json={"name": "red", "maxSandboxes": 2})
+            assert r.status_code == 201, r.text
+            key = (await admin.post("/admin/keys", json={"team": "red"})).json()["key"]
+        for _ in range(100):  # the gateway's view of the teams follows etcd's watch
+            if c.gateway.teams is not None and c.gateway.teams.principal(key) is not None:
+                break
+            await asyncio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=c.origin, headers={"X-API-Key": key},
+                                     timeout=30) as red:  # fmt: skip
+            a, b = await _create(red), await _create(red)
+            assert {c.holder(a["sandboxID"]), c.holder(b["sandboxID"])} == {0, 1}
+            r = await red.post("/sandboxes", json={"templateID": "base"})
+            assert r.status_code == 429, r.text
+            assert r.headers["should-retry"] == "false" and "retry-after" not in r.headers
+            assert "team red may run 2 sandboxes at once and runs 2 across the cluster" in (
+                r.json()["message"])
+            assert (await _create(api))["sandboxID"]  # the default team is not held back
+            assert (await red.delete(f"/sandboxes/{a['sandboxID']}")).status_code == 204
+            for _ in range(100):  # the node's kill gives the team's place back
+                r = await red.post("/sandboxes", json={"templateID": "base"})
+                if r.status_code == 201:
+                    break
+                await asyncio.sleep(0.05)
+            assert r.status_code == 201, r.text
+
+
 async def test_an_unbound_sandbox_is_found_by_asking_and_a_lost_nodes_is_gone(
     tmp_path: Path, one: EtcdCluster
 ) -> None:

@@ -6,6 +6,7 @@ gives the reservation back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,9 +20,12 @@ from aenv.cluster.placement import (
     PlacementFailed,
     PlacementRequest,
     PreferLocal,
+    TeamLimitReached,
+    TeamQuota,
     binding,
     place,
     release,
+    team_usage_prefix,
 )
 from tests.support.etcd import EtcdCluster
 
@@ -120,3 +124,47 @@ async def test_a_paused_sandbox_moves_once_however_many_gateways_move_it(
     with pytest.raises(AlreadyBound):  # the binding as read is gone
         await place(clients[0], prefix, nodes, PlacementRequest("sbx", 512),
                     replacing=kv.mod_revision)  # fmt: skip
+
+
+async def _team_usage(etcd: Etcd, prefix: str, team: str) -> dict[str, tuple[int, int]]:
+    kvs, _ = await etcd.get_prefix(team_usage_prefix(prefix, team))
+    return {kv.key.rsplit("/", 1)[1]: (json.loads(kv.value)["sandboxes"],
+                                       json.loads(kv.value)["memory_mib"]) for kv in kvs}
+
+
+async def test_a_teams_limits_hold_across_nodes_and_placers(clients: list[Etcd]) -> None:
+    """Three placers, two nodes with room for 20: a team of max 5 sandboxes gets 5 across
+    both nodes, the rest TeamLimitReached; another team is not held back; a release gives
+    one back; a memory limit counts what is asked."""
+    prefix = _prefix()
+    nodes = [_node("a", 10, 100_000), _node("b", 10, 100_000)]
+    red = TeamQuota("t-red", "red", max_sandboxes=5)
+    reqs = [PlacementRequest(f"red{i:02d}", 256, quota=red) for i in range(16)]
+
+    async def one(i: int, req: PlacementRequest) -> str | None:
+        try:
+            return (await place(clients[i % 3], prefix, nodes, req)).name
+        except TeamLimitReached as e:
+            assert "team red may run 5 sandboxes at once and runs 5" in str(e)
+            return None
+
+    got = await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
+    placed = [r.sandbox_id for r, n in zip(reqs, got, strict=True) if n]
+    assert len(placed) == 5 and set(got) - {None} == {"a", "b"}, got
+    usage = await _team_usage(clients[0], prefix, "t-red")
+    assert sum(s for s, _ in usage.values()) == 5
+    assert (await binding(clients[0], prefix, placed[0])).team == "t-red"
+    # Other teams (and the default one) place as before.
+    await place(clients[1], prefix, nodes, PlacementRequest("blue1", 256, quota=TeamQuota(
+        "t-blue", "blue", max_sandboxes=1)))  # fmt: skip
+    await place(clients[2], prefix, nodes, PlacementRequest("plain", 256))
+    with pytest.raises(TeamLimitReached):
+        await place(clients[0], prefix, nodes, PlacementRequest("red99", 256, quota=red))
+    assert await release(clients[0], prefix, placed[0])
+    assert sum(s for s, _ in (await _team_usage(clients[0], prefix, "t-red")).values()) == 4
+    await place(clients[0], prefix, nodes, PlacementRequest("red99", 256, quota=red))
+    # Memory: 1536 MiB at most, 5 x 256 held: 512 more would pass it, 256 fits.
+    big = TeamQuota("t-red", "red", max_memory_mib=1536)
+    with pytest.raises(TeamLimitReached, match="may use 1536 MiB at once and uses 1280 MiB"):
+        await place(clients[1], prefix, nodes, PlacementRequest("redbig", 512, quota=big))
+    await place(clients[1], prefix, nodes, PlacementRequest("redfit", 256, quota=big))

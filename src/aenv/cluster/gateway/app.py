@@ -54,7 +54,7 @@ from aenv.api.relay import (
 from aenv.api.upstream import UpstreamPool
 from aenv.cluster import placement, wire
 from aenv.cluster.etcd import Etcd, EtcdError
-from aenv.cluster.gateway import lists, routing
+from aenv.cluster.gateway import callers, lists, routing
 from aenv.cluster.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.cluster.gateway.idempotency import Claim, Idempotency, KeyReused
 from aenv.cluster.gateway.nodes import (
@@ -72,6 +72,7 @@ from aenv.cluster.placement import (
     PlacementFailed,
     PlacementRequest,
     PreferLocal,
+    TeamLimitReached,
 )
 from aenv.cluster.published import (
     PublishedEntry,
@@ -360,6 +361,7 @@ class Gateway:
         if req is None:  # not a create any node would make: its answer (400, 404) is ours
             return await self._answer(send, await call(self.pool, nodes[0], "POST", target,
                                                        headers, body))  # fmt: skip
+        req = dataclasses.replace(req, quota=callers.quota(self.teams, scope))
         claim: tuple[str, Claim] | None = None
         given = next((v for k, v in scope["headers"] if k == IDEMPOTENCY_HEADER), None)
         if given is not None:
@@ -432,6 +434,13 @@ class Gateway:
                 await send_json(send, 429, {"code": 429, "message": str(e)},
                                 [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
                 return None
+            except TeamLimitReached as e:  # as a node says it (api/errors.py): do not retry
+                if claim is not None and self.idem is not None:
+                    with contextlib.suppress(EtcdError):
+                        await self.idem.let_go(*claim)
+                await send_json(send, 429, {"code": 429, "message": str(e)},
+                                [(b"should-retry", b"false")])
+                return None
             except AlreadyBound:  # another try of the same key placed it meanwhile
                 if claim is None:
                     raise
@@ -476,9 +485,7 @@ class Gateway:
     def _key_ok(self, scope: dict[str, Any]) -> bool:
         """A key of a team (the cluster's own key is the default team's admin key); the
         nodes then scope what the call sees to that team."""
-        given = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
-        return (given is not None and self.teams is not None
-                and self.teams.principal(given.decode("latin-1")) is not None)
+        return callers.caller(self.teams, scope) is not None
 
     async def _answer(self, send: Any, a: Answer) -> str:
         headers = [(k, v) for k, v in a.headers if k.lower() not in _ANSWER_DROP]
