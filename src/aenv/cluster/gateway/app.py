@@ -461,13 +461,18 @@ class Gateway:
         if old is not None and old.holds:
             return None  # it runs (or starts) somewhere: not a paused sandbox to move
         nodes = [n for n in self._nodes() if old is None or n.name != old.node]
-        req = PlacementRequest(sandbox_id=sandbox_id, memory_mib=entry.memory_mib)
+        req = PlacementRequest(sandbox_id=sandbox_id, memory_mib=entry.memory_mib,
+                               quota=callers.team_quota(self.teams, old.team) if old else None)
         try:
             return await placement.place(self.etcd, self.prefix, nodes, req, self.policy,
                                          replacing=bkv.mod_revision if bkv else 0)  # fmt: skip
         except PlacementFailed as e:
             await send_json(send, 429, {"code": 429, "message": str(e)},
                             [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
+            return False
+        except TeamLimitReached as e:
+            await send_json(send, 429, {"code": 429, "message": str(e)},
+                            [(b"should-retry", b"false")])
             return False
         except AlreadyBound:  # another gateway moved it meanwhile: where to, it says
             b = await placement.binding(self.etcd, self.prefix, sandbox_id)

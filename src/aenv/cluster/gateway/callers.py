@@ -20,10 +20,14 @@ def caller(teams: EtcdTeams | None, scope: dict[str, Any]) -> Principal | None:
 
 def quota(teams: EtcdTeams | None, scope: dict[str, Any]) -> TeamQuota | None:
     who = caller(teams, scope)
-    if who is None or teams is None:
-        return None
+    return None if who is None else team_quota(teams, who.team_id)
+
+
+def team_quota(teams: EtcdTeams | None, team_id: str) -> TeamQuota:
+    if teams is None:
+        return TeamQuota(team_id, team_id)
     try:
-        t = teams.team(who.team_id)
+        t = teams.team(team_id)
     except TeamNotFound:  # deleted since the key was read: its sandboxes hold no limit
-        return TeamQuota(who.team_id, who.team_id)
+        return TeamQuota(team_id, team_id)
     return TeamQuota(t.team_id, t.name, t.max_sandboxes, t.max_memory_mib)
