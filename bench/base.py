@@ -111,7 +111,7 @@ def main() -> None:
 
 
 def _version(sbx: object, cmd: str) -> str:
-    from e2b.exceptions import CommandExitException
+    from e2b import CommandExitException
 
     try:
         out = sbx.commands.run(cmd).stdout  # type: ignore[attr-defined]

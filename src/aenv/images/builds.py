@@ -26,7 +26,7 @@ from aenv.config import Config, MachineShape
 from aenv.images import copying, stepgc
 from aenv.images.agent import AgentError, BuildAgent
 from aenv.images.context import ContextStore
-from aenv.images.finalize import NotReady, build_egress, start_and_wait
+from aenv.images.finalize import NotReady, build_egress, settle, start_and_wait
 from aenv.images.stepcache import CacheEntry, StepCache, StepState
 from aenv.images.steps import BuildSpec, Step, StepError, base_key, chain, resolve
 from aenv.storage.files import write_json_atomic
@@ -309,6 +309,7 @@ class Builds:
                 if old is not None:  # a forced rebuild replaced it
                     stepgc.release(self.cache, self.rt.snapshots, [old], self._in_use())
             await self._finalize(b, agent, spec, state)
+            await settle(agent, lambda m: self._log(b, m, step="finalize"))
             final = f"tpl-{b.template_id}-{b.build_id[:8]}-{secrets.token_hex(3)}"
             await self.rt.snapshot_build(vm, final, b.template_id)
         finally:

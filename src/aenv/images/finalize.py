@@ -6,6 +6,7 @@ pulled image. VMs doing either get the egress the node config gives builds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,18 @@ from aenv.images.stepcache import StepState
 
 READY_TIMEOUT_S = 300.0
 READY_INTERVAL_S = 1.0
+# A snapshot keeps the guest's RAM as it is, and after a build that read or wrote much (an
+# apt install) most of it is page cache: 512 of 512 MiB after the familiar base's install,
+# which every sandbox of the template then maps. Above this much cache, the cache is dropped
+# and free page reporting given time to hand the pages back before the final snapshot
+# (layered.py does the same in its own guest process). Plain sh: images without awk.
+SETTLE_ABOVE_KIB = 64 << 10
+SETTLE = f"""c=0; while read -r k v _; do [ "$k" = Cached: ] && c=$v; done < /proc/meminfo
+[ "$c" -gt {SETTLE_ABOVE_KIB} ] || exit 0
+o=/sys/module/page_reporting/parameters/page_reporting_order; w=$(cat $o 2>/dev/null)
+sync; [ -n "$w" ] && echo 4 > $o; echo 3 > /proc/sys/vm/drop_caches; sleep 3
+[ -n "$w" ] && echo "$w" > $o; echo "dropped $((c / 1024)) MiB of page cache"
+"""
 
 
 class NotReady(Exception):
@@ -47,6 +60,15 @@ async def start_and_wait(agent: BuildAgent, start_cmd: str | None, ready_cmd: st
                 raise NotReady(f"the ready command did not succeed within "
                                f"{READY_TIMEOUT_S:.0f} s: {ready_cmd}")  # fmt: skip
             await asyncio.sleep(READY_INTERVAL_S)
+
+
+async def settle(agent: BuildAgent, say: Callable[[str], None]) -> None:
+    """Best effort: a guest that cannot (no shell, no /proc) is snapshotted as it is."""
+    out: list[str] = []
+    with contextlib.suppress(Exception):
+        await agent.run(SETTLE, user="root", cwd="/", on_line=out.append)
+    if out and out[-1].startswith("dropped"):
+        say(f"{out[-1]} before the snapshot")
 
 
 async def with_start_cmd(rt: Any, template: Any, start_cmd: str, ready_cmd: str | None,
