@@ -4,6 +4,7 @@ and failures that name their step."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
+from aenv.images.reference import parse
 from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
 from tests.support.registry import Seeded, have_tools, seeded_registry
@@ -113,17 +115,23 @@ def test_a_failing_step_names_itself_and_leaves_no_template(node: NodeProcess, s
     assert not Template.exists(name)
 
 
+@pytest.mark.parametrize("image", ["localhost/aenv/base-minimal", "e2bdev/base"])
 def test_a_build_from_the_nodes_own_base_image_starts_from_its_template(
-        node: NodeProcess, tmp_path: Path) -> None:
-    """`aenv setup` exports the minimal Debian as `localhost/aenv/base-minimal`: a build FROM
-    it asks no registry and starts from the template it was exported from (no unpack, no
-    cold boot), and its sandboxes keep that template's Debian."""
+        node: NodeProcess, image: str) -> None:
+    """`aenv setup` exports the minimal Debian as `localhost/aenv/base-minimal`, and the
+    familiar base as `e2bdev/base` (not under --minimal-base, as in CI): a build FROM either
+    asks no registry and starts from the template it was exported from (no unpack, no cold
+    boot), and its sandboxes keep that template's Debian."""
+    local = json.loads((DATA_DIR / "images/local.json").read_text())
+    if str(parse(image)) not in local:
+        pytest.skip(f"{image} is not exported here (aenv setup --minimal-base)")
     name = f"e2e-own-base-{int(time.time() * 1000) % 10**8}"
     logs: list[str] = []
     with removed_after():
         before = {p.name for p in (DATA_DIR / "templates").iterdir()}
-        Template.build(Template().from_image("localhost/aenv/base-minimal")
-                       .run_cmd("echo own > /home/user/own.txt"), name,
+        t = (Template().from_base_image() if image == "e2bdev/base"
+             else Template().from_image(image))  # fmt: skip
+        Template.build(t.run_cmd("echo own > /home/user/own.txt"), name,
                        on_build_logs=lambda e: logs.append(e.message))  # fmt: skip
         assert any("own image: the build starts from it" in m for m in logs), logs
         # No `image-…` template was made of it: the build started from the exported one.
@@ -133,5 +141,9 @@ def test_a_build_from_the_nodes_own_base_image_starts_from_its_template(
         try:
             r = sbx.commands.run("cat own.txt; . /etc/os-release; echo $ID; whoami")
             assert r.stdout.split() == ["own", "debian", "user"]
+            if image == "e2bdev/base":  # what E2B's base image gives
+                r = sbx.commands.run("pip --version && node --version && npm --version && "
+                                     "gcc --version && python --version")  # fmt: skip
+                assert r.exit_code == 0
         finally:
             sbx.kill()
