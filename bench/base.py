@@ -42,12 +42,15 @@ def _ts(s: str) -> float:
 
 
 def build_seconds(template: str) -> float | None:
-    """The last successful build of `template` this node ran, first to last log line."""
+    """The last successful build of `template` this node ran in full (no step from the
+    step cache), first to last log line."""
     best: tuple[float, float] | None = None
     for p in (DATA_DIR / "images/builds").glob("*.json"):
         b = json.loads(p.read_text())
         if b.get("template_id") != template or b.get("status") != "ready" or not b["logs"]:
             continue
+        if any(x["message"].startswith("CACHED") for x in b["logs"]):
+            continue  # a rebuild from the step cache: not what building it costs
         start, end = _ts(b["logs"][0]["timestamp"]), _ts(b["logs"][-1]["timestamp"])
         if best is None or start > best[0]:
             best = (start, end - start)

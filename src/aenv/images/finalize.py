@@ -27,7 +27,7 @@ SETTLE_ABOVE_KIB = 64 << 10
 SETTLE = f"""c=0; while read -r k v _; do [ "$k" = Cached: ] && c=$v; done < /proc/meminfo
 [ "$c" -gt {SETTLE_ABOVE_KIB} ] || exit 0
 o=/sys/module/page_reporting/parameters/page_reporting_order; w=$(cat $o 2>/dev/null)
-sync; [ -n "$w" ] && echo 4 > $o; echo 3 > /proc/sys/vm/drop_caches; sleep 3
+sync; [ -n "$w" ] && echo 4 > $o; echo 3 > /proc/sys/vm/drop_caches; sleep 10
 [ -n "$w" ] && echo "$w" > $o; echo "dropped $((c / 1024)) MiB of page cache"
 """
 
