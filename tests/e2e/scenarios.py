@@ -233,21 +233,34 @@ def _npm_ci() -> None:
     STAMP.write_text(want + "\n")
 
 
+def _js_env(origin: str, api_key: str) -> dict[str, str]:
+    env = {**os.environ, "E2B_API_URL": origin, "E2B_SANDBOX_URL": origin,
+           "E2B_API_KEY": api_key, "NO_COLOR": "1"}  # fmt: skip
+    env.pop("E2B_DOMAIN", None)
+    env.pop("E2B_DEBUG", None)
+    return env
+
+
+def e2b_cli(origin: str, api_key: str, *args: str) -> str:
+    """The unmodified npm `@e2b/cli` (pinned beside the SDK in tests/e2e/js) against
+    `origin`: its stdout; a failure fails the test with its output."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.fail("node and npm are needed (scripts/install-host-deps.sh installs nodejs)")
+    _npm_ci()
+    r = subprocess.run(["node", str(JS_DIR / "node_modules/@e2b/cli/dist/index.js"), *args],
+                       cwd=JS_DIR, env=_js_env(origin, api_key), capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, f"e2b {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
 def js_sdk_scenario(origin: str, api_key: str, tail: Callable[[], str]) -> None:
     """tests/e2e/js/*.test.mjs under `node --test`, the npm SDK's env pointed at `origin`.
     `npm ci` runs once per lock file (node_modules/ is kept, keyed by the lock's hash)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.fail("node and npm are needed (scripts/install-host-deps.sh installs nodejs)")
     _npm_ci()
-    env = {
-        **os.environ,
-        "E2B_API_URL": origin,
-        "E2B_SANDBOX_URL": origin,
-        "E2B_API_KEY": api_key,
-        "NO_COLOR": "1",
-    }
-    env.pop("E2B_DOMAIN", None)
-    env.pop("E2B_DEBUG", None)
+    env = _js_env(origin, api_key)
     files = sorted(p.name for p in JS_DIR.glob("*.test.mjs"))
     assert files, f"no *.test.mjs under {JS_DIR}"
     r = subprocess.run(

@@ -1,6 +1,6 @@
 """A sandbox's logs hold what its template's start command prints (E2B's sandbox logs), read
-with the SDK's generated client from a real VM: the lines printed while the template was
-built and those printed since the sandbox started."""
+with the SDK's generated client and E2B's own CLI (`@e2b/cli`) from a real VM: the lines
+printed while the template was built and those printed since the sandbox started."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.support.image_state import removed_after
 from tests.support.timing import scaled
 
 from .conftest import API_KEY, NodeProcess
+from .scenarios import e2b_cli
 
 START = ("echo ready-$((6*7)); echo warned >&2; "
          "while true; do echo tick-$(date +%s); sleep 1; done")  # fmt: skip
@@ -52,9 +53,22 @@ def test_the_start_commands_output_is_in_the_sandboxs_logs(node: NodeProcess) ->
             assert [e.message for e in errors.logs] == ["warned"]
             v1 = get_sandboxes_sandbox_id_logs.sync(sbx.sandbox_id, client=client)
             assert any("ready-42" in line.line for line in v1.logs)
+            # E2B's own CLI reads them too (v1, its `start` cursor).
+            out = e2b_cli(node.origin, API_KEY, "sandbox", "logs", sbx.sandbox_id,
+                          "--format", "json")  # fmt: skip
+            assert "ready-42" in out and "tick-" in out, out
             again = get_v_2_sandboxes_sandbox_id_logs.sync(
                 sbx.sandbox_id, client=client, search="ready-42")
             assert len(again.logs) == 1  # taken from the guest once
+            # A sandbox whose logs nobody read while it ran: the kill takes them first.
+            quiet = Sandbox.create(name, timeout=120)
+            quiet.commands.run("sleep 1")
+            quiet.kill()
+            ended = get_v_2_sandboxes_sandbox_id_logs.sync(
+                quiet.sandbox_id, client=client, search="startCmd")
+            lines = [e.message for e in ended.logs]
+            assert lines[:2] == ["ready-42", "warned"] and any(
+                m.startswith("tick-") for m in lines[2:]), lines
         finally:
             sbx.kill()
             with node.api() as c:

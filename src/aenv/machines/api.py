@@ -35,6 +35,7 @@ class TemplateInfo:
     workdir: str | None = None
     source: str = ""  # what it was made from: a recipe, an image@digest, template:NAME
     fetched: bool = False  # a copy of another node's (Template.fetched)
+    start_cmd: str | None = None  # running in its snapshot (its output: the guest's journal)
 
 
 @dataclass(frozen=True)

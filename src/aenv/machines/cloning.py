@@ -82,6 +82,7 @@ class Cloning:
             envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,
             size_bytes=t.rootfs_bytes, env=dict(t.env), user=t.user, workdir=t.workdir,
             source=t.source_image or f"recipe:{t.recipe}", fetched=t.fetched is not None,
+            start_cmd=t.start_cmd,
         )
 
     async def restore(self, name: str, snapshot_id: str | None) -> Machine:

@@ -494,6 +494,8 @@ class Orchestrator(Pausing, Forking, Networking):
         if not self.store.transition(sid, [rec.state], S.KILLING, self.now_us()):
             raise StateConflict(f"sandbox {sid} changed state", actual=str(rec.state))
         t0 = time.perf_counter()
+        if self._start_cmd_of(rec):  # what it printed since its log was last read: kept
+            await self.pull_guest_logs(sid)
         route = self.routes.remove(sid)
         # A paused sandbox has no VM but its files: the runtime deletes them too.
         handle = route.handle if route else self._handle(rec)
@@ -612,6 +614,14 @@ class Orchestrator(Pausing, Forking, Networking):
         return self.get(sandbox_id), False
 
     # -- metrics and the guest's log ------------------------------------------------------
+
+    def _start_cmd_of(self, rec: SandboxRecord) -> str | None:
+        """The start command of the sandbox's template (the guest's journal holds its
+        output), if it is a template here that has one."""
+        try:
+            return self.runtime.template(rec.template_id).start_cmd
+        except Exception:
+            return None
 
     async def pull_guest_logs(self, sandbox_id: str) -> int:
         """What the guest logged since the last pull, into the sandbox's log: the number of
