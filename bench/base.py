@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from node import DATA_DIR, Node  # bench/node.py: the server launcher
+from node import DATA_DIR, sdk_node  # bench/node.py: the server launcher
 
 TEMPLATES = ("base-minimal", "base")
 IMAGES = {"base-minimal": "localhost/aenv/base-minimal:latest",
@@ -70,35 +68,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--creates", type=int, default=5)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        node = Node(Path(tmp, "node.log"), AENV_WARM_POOL_SIZE="0", AENV_PRIMED_POOL_SIZE="0",
-                    AENV_PRIMED_SNAPSHOT_POOL_SIZE="0")
-        node.start()
-        try:
-            os.environ.update(E2B_API_KEY=node.key, E2B_API_URL=node.origin,
-                              E2B_SANDBOX_URL=node.origin)  # fmt: skip
-            from e2b import Sandbox
+    with sdk_node():
+        from e2b import Sandbox
 
-            create: dict[str, list[float]] = {t: [] for t in TEMPLATES}
-            first: dict[str, list[float]] = {t: [] for t in TEMPLATES}
-            used: dict[str, int] = {}
-            tools: dict[str, list[str]] = {}
-            for i in range(args.creates):
-                for t in TEMPLATES if i % 2 == 0 else TEMPLATES[::-1]:
-                    t0 = time.perf_counter()
-                    sbx = Sandbox.create(t, timeout=600)
-                    create[t].append(time.perf_counter() - t0)
-                    try:
-                        sbx.commands.run("true")
-                        first[t].append(time.perf_counter() - t0)
-                        if t not in used:
-                            df = sbx.commands.run("df -B1 --output=used / | tail -1").stdout
-                            used[t] = int(df.strip())
-                            tools[t] = [_version(sbx, cmd) for cmd in TOOLS]
-                    finally:
-                        sbx.kill()
-        finally:
-            node.stop()
+        create: dict[str, list[float]] = {t: [] for t in TEMPLATES}
+        first: dict[str, list[float]] = {t: [] for t in TEMPLATES}
+        used: dict[str, int] = {}
+        tools: dict[str, list[str]] = {}
+        for i in range(args.creates):
+            for t in TEMPLATES if i % 2 == 0 else TEMPLATES[::-1]:
+                t0 = time.perf_counter()
+                sbx = Sandbox.create(t, timeout=600)
+                create[t].append(time.perf_counter() - t0)
+                try:
+                    sbx.commands.run("true")
+                    first[t].append(time.perf_counter() - t0)
+                    if t not in used:
+                        df = sbx.commands.run("df -B1 --output=used / | tail -1").stdout
+                        used[t] = int(df.strip())
+                        tools[t] = [_version(sbx, cmd) for cmd in TOOLS]
+                finally:
+                    sbx.kill()
     print(f"{args.creates} creates of each, alternating (p50)")
     print("| | " + " | ".join(TEMPLATES) + " |\n|---|" + "---|" * len(TEMPLATES))
     rows = [

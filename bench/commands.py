@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import queue
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
-from node import Node, pct  # bench/node.py: the server launcher
+from node import pct, sdk_node  # bench/node.py: the server launcher
 
 TIMER = r"""
 import os, subprocess, sys, time
@@ -122,31 +120,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        # No pools: their VMs would boot beside the samples on these few cores.
-        node = Node(Path(tmp, "node.log"), AENV_WARM_POOL_SIZE="0", AENV_PRIMED_POOL_SIZE="0",
-                    AENV_PRIMED_SNAPSHOT_POOL_SIZE="0")
-        node.start()
-        try:
-            os.environ.update(E2B_API_KEY=node.key, E2B_API_URL=node.origin,
-                              E2B_SANDBOX_URL=node.origin, E2B_DOMAIN="localhost")  # fmt: skip
-            from e2b import Sandbox
+    with sdk_node(E2B_DOMAIN="localhost"):
+        from e2b import Sandbox
 
-            sbx = Sandbox.create("base", timeout=1800)
-            try:
-                sbx.files.write("/tmp/small", "hello")
-                guest = GuestTimer(sbx)
-                paths = {
-                    "run": lambda: sbx.commands.run("true"),
-                    "start_true": raw_start(sbx, "/bin/true", []),
-                    "read": lambda: sbx.files.read("/tmp/small"),
-                }
-                s = sample(args.n, paths, guest, ["login", "bash", "true"])
-                guest.close()
-            finally:
-                sbx.kill()
+        sbx = Sandbox.create("base", timeout=1800)
+        try:
+            sbx.files.write("/tmp/small", "hello")
+            guest = GuestTimer(sbx)
+            paths = {
+                "run": lambda: sbx.commands.run("true"),
+                "start_true": raw_start(sbx, "/bin/true", []),
+                "read": lambda: sbx.files.read("/tmp/small"),
+            }
+            s = sample(args.n, paths, guest, ["login", "bash", "true"])
+            guest.close()
         finally:
-            node.stop()
+            sbx.kill()
     p = {k: pct(v, 50) for k, v in s.items()}
     p95 = {k: pct(v, 95) for k, v in s.items()}
     rows = [

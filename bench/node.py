@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -131,6 +132,23 @@ class Node:
             if m:
                 return m.group(1)
         raise RuntimeError(f"no slot address logged for {sandbox_id}")
+
+
+@contextlib.contextmanager
+def sdk_node(**extra_env: str) -> Iterator[Node]:
+    """A node with no pools (their VMs would boot beside the samples on these few cores),
+    and the E2B SDK's environment pointed at it, for as long as the block."""
+    with tempfile.TemporaryDirectory() as tmp:
+        node = Node(Path(tmp, "node.log"), AENV_WARM_POOL_SIZE="0", AENV_PRIMED_POOL_SIZE="0",
+                    AENV_PRIMED_SNAPSHOT_POOL_SIZE="0")
+        node.start()
+        try:
+            os.environ.update(E2B_API_KEY=node.key, E2B_API_URL=node.origin,
+                              E2B_SANDBOX_URL=node.origin, E2B_VOLUME_API_URL=node.origin,
+                              **extra_env)  # fmt: skip
+            yield node
+        finally:
+            node.stop()
 
 
 def bench_create(node: Node, n: int) -> tuple[list[float], list[float]]:

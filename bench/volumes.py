@@ -20,12 +20,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from node import Node  # bench/node.py: the server launcher
+from node import sdk_node  # bench/node.py: the server launcher
 
 GUEST = r"""
 import json, os, sys, time
@@ -71,32 +70,24 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        node = Node(Path(tmp, "node.log"), AENV_WARM_POOL_SIZE="0", AENV_PRIMED_POOL_SIZE="0",
-                    AENV_PRIMED_SNAPSHOT_POOL_SIZE="0")
-        node.start()
-        try:
-            os.environ.update(E2B_API_KEY=node.key, E2B_API_URL=node.origin,
-                              E2B_SANDBOX_URL=node.origin, E2B_VOLUME_API_URL=node.origin)
-            from e2b import Sandbox, Volume
+    with sdk_node():
+        from e2b import Sandbox, Volume
 
-            vol = Volume.create("bench-" + os.urandom(3).hex())
-            sbx = Sandbox.create("base", timeout=1800, volume_mounts={"/mnt/v": vol})
-            got: dict[str, list[dict[str, float]]] = {"rootfs": [], "volume": []}
-            try:
-                sbx.files.write("/tmp/vbench.py", GUEST)
-                for i in range(args.rounds):
-                    order = [("rootfs", "/home/user"), ("volume", "/mnt/v")]
-                    for name, where in order if i % 2 == 0 else order[::-1]:
-                        out = sbx.commands.run(f"python3 /tmp/vbench.py {args.mib} "
-                                               f"{args.files} {where}", user="root",
-                                               timeout=600).stdout  # fmt: skip
-                        got[name].append(json.loads(out))
-            finally:
-                sbx.kill()
-                Volume.destroy(vol.volume_id)
+        vol = Volume.create("bench-" + os.urandom(3).hex())
+        sbx = Sandbox.create("base", timeout=1800, volume_mounts={"/mnt/v": vol})
+        got: dict[str, list[dict[str, float]]] = {"rootfs": [], "volume": []}
+        try:
+            sbx.files.write("/tmp/vbench.py", GUEST)
+            for i in range(args.rounds):
+                order = [("rootfs", "/home/user"), ("volume", "/mnt/v")]
+                for name, where in order if i % 2 == 0 else order[::-1]:
+                    out = sbx.commands.run(f"python3 /tmp/vbench.py {args.mib} "
+                                           f"{args.files} {where}", user="root",
+                                           timeout=600).stdout  # fmt: skip
+                    got[name].append(json.loads(out))
         finally:
-            node.stop()
+            sbx.kill()
+            Volume.destroy(vol.volume_id)
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in got.items()}
     print(f"{args.rounds} rounds, {args.mib} MiB, {args.files} files of 4 KiB (medians)")
     print("| | rootfs | volume | ratio | goal |\n|---|---|---|---|---|")
