@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +58,8 @@ class NodeProcess(ServerProcess):
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. AENV_MAX_SANDBOXES
+    # True once it serves; default: plain HTTP /health at `origin` (a TLS node has its own).
+    probe: Callable[[], bool] | None = None
 
     @property
     def origin(self) -> str:
@@ -90,7 +92,8 @@ class NodeProcess(ServerProcess):
             if self.proc.poll() is not None:
                 pytest.fail(f"aenv server exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                if httpx.get(self.origin + "/health", timeout=1).status_code == 200:
+                if (self.probe() if self.probe is not None else
+                        httpx.get(self.origin + "/health", timeout=1).status_code == 200):
                     return
             except httpx.HTTPError:
                 pass

@@ -4,8 +4,10 @@
 (template_suite.py); the network tests need a real internet (docs/testing.md lists their
 equivalents here).
 
-Usage: python -m tests.sdk_compat.sandbox_suite SDK_DIR [PYTEST ARGS]
-(SDK_DIR: the repository's packages/python-sdk, with its pytest.ini and tests/).
+Usage: python -m tests.sdk_compat.sandbox_suite SDK_DIR [--tls] [PYTEST ARGS]
+(SDK_DIR: the repository's packages/python-sdk, with its pytest.ini and tests/). `--tls`: the
+SDK is given E2B_DOMAIN alone, as against E2B, and reaches the node over TLS in a namespace
+of its own (run_suite); without, E2B_API_URL, E2B_SANDBOX_URL and E2B_VOLUME_API_URL.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="aenv-sdk-suite-"))
+    rest = argv[1:]
+    tls = "--tls" in rest
     return run_suite(Path(argv[0]).resolve(), work, list(SUITES),
-                     [*(f"--ignore-glob={g}" for g in IGNORED), *argv[1:]])
+                     [*(f"--ignore-glob={g}" for g in IGNORED),
+                      *(a for a in rest if a != "--tls")], tls=tls)  # fmt: skip
 
 
 if __name__ == "__main__":
