@@ -64,6 +64,10 @@ def export_as(rt: Any, name: str, refs: list[Reference],
 async def minimal(rt: Any, name: str, force: bool, progress: Callable[[str], None]) -> None:
     await build_template(rt, name, "debian", progress=progress, force=force)
     export_as(rt, name, [familiar.MINIMAL_IMAGE], progress)
+    if name == FAMILIAR:  # `base` is the minimal one now: no familiar image stands for it
+        cache = image_cache(rt.cfg)
+        with cache.locked():
+            cache.local.drop(familiar.FAMILIAR_IMAGES)
 
 
 def plan_familiar(rt: Any, force: bool, progress: Callable[[str], None]) -> FamiliarPlan | None:

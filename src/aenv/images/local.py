@@ -51,6 +51,12 @@ class LocalImages:
             records[str(ref)] = asdict(image)
         write_json_atomic(self.path, records)
 
+    def drop(self, refs: list[Reference]) -> None:
+        """Callers hold the cache's lock. Their blobs may be evicted from then on."""
+        records = {k: asdict(v) for k, v in self.all().items()}
+        if any(records.pop(str(ref), None) is not None for ref in refs):
+            write_json_atomic(self.path, records)
+
     def tags(self) -> set[str]:
         """The layout tags the local images are stored under (never evicted)."""
         from aenv.images.cache import layout_tag
