@@ -57,11 +57,19 @@ def _size(cache: ImageCache, blobs: set[str]) -> int:
     return total
 
 
+def _cached(cache: ImageCache) -> tuple[dict[str, set[str]], set[str]]:
+    """The cache's images (by tag) and the blobs of the node-local ones (images.local), which
+    are outside the bound: the node made them, no registry has them, they are never evicted
+    and not counted."""
+    tags, local = cache.tags(), cache.local.tags()
+    own = set().union(*(tags[t] for t in local if t in tags))
+    return {t: b for t, b in tags.items() if t not in local}, own
+
+
 def check_room(cache: ImageCache, remote: RemoteImage, bound: int, pinned: set[str]) -> None:
     """NoSpace (507) when the image would not fit in the bound beside the pinned images."""
-    pinned = pinned | cache.local.tags()
-    tags = cache.tags()
-    pinned_blobs = set().union(*(tags[t] for t in pinned if t in tags))
+    tags, own = _cached(cache)
+    pinned_blobs = set().union(*(tags[t] for t in pinned if t in tags)) - own
     have = cache.cached_blobs()
     new = sum(layer.size for layer in remote.layers if layer.digest not in have)
     if _size(cache, pinned_blobs) + new > bound:
@@ -72,20 +80,22 @@ def check_room(cache: ImageCache, remote: RemoteImage, bound: int, pinned: set[s
 
 def evict(cache: ImageCache, bound: int, pinned: set[str]) -> Report:
     """Untag unpinned images, least recently used first, until the blobs fit in `bound`.
-    Node-local images are pinned whatever the caller says: no registry has them."""
-    pinned = pinned | cache.local.tags()
+    Node-local images are neither candidates nor counted (`_cached`)."""
     with cache.locked():
-        tags = cache.tags()
+        tags, own = _cached(cache)
         usage = _usage(cache)
+
+        def size(blobs: set[str]) -> int:
+            return _size(cache, blobs - own)
+
         pinned_blobs = set().union(*(tags[t] for t in pinned if t in tags))
-        report = Report(_size(cache, cache.cached_blobs()), _size(cache, pinned_blobs))
+        report = Report(size(cache.cached_blobs()), size(pinned_blobs))
         # Which to untag is worked out from the tags' blob sets (a blob stays while any
         # remaining image references it); then one garbage collection removes the blobs.
         report.evicted = lru.evictions(
-            tags, usage, pinned, lambda keep: _size(cache, set().union(*(tags[t] for t in keep))),
+            tags, usage, pinned, lambda keep: size(set().union(*(tags[t] for t in keep))),
             bound)  # fmt: skip
-        total = _size(cache, set().union(*(b for t, b in tags.items()
-                                           if t not in report.evicted)))  # fmt: skip
+        total = size(set().union(*(b for t, b in tags.items() if t not in report.evicted)))
         for tag in report.evicted:
             umoci("remove", "--image", f"{cache.layout}:{tag}")
             usage.pop(tag, None)
@@ -93,7 +103,7 @@ def evict(cache: ImageCache, bound: int, pinned: set[str]) -> Report:
         if report.evicted or total < report.total:
             umoci("gc", "--layout", str(cache.layout))
             write_json_atomic(cache.root / USAGE, usage)
-            report.total = _size(cache, cache.cached_blobs())
+            report.total = size(cache.cached_blobs())
     CACHE_BYTES.labels("total").set(report.total)
     CACHE_BYTES.labels("pinned").set(report.pinned)
     if report.total > bound:

@@ -6,7 +6,8 @@ stand-in for `e2bdev/base`) is stored in the image cache's layout like any pulle
 named here: `local.json` maps each canonical reference to the manifest digest it stands for
 and the template it was exported from. A pull of such a reference is answered from the
 layout without asking any registry (a stand-in must never be "refreshed" from Docker Hub), and
-its blobs are never evicted (nothing could fetch them again).
+its blobs are outside the cache's bound: never evicted (nothing could fetch them again) and
+not counted (`eviction._cached`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class LocalImages:
             write_json_atomic(self.path, records)
 
     def tags(self) -> set[str]:
-        """The layout tags the local images are stored under (never evicted)."""
+        """The layout tags the local images are stored under."""
         from aenv.images.cache import layout_tag
 
         return {layout_tag(x.digest) for x in self.all().values()}

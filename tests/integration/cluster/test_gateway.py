@@ -311,6 +311,48 @@ async def test_a_teams_limit_holds_across_the_cluster_with_429_not_to_retry(
             assert r.status_code == 201, r.text
 
 
+async def _eventually(call: Any, status: int) -> httpx.Response:
+    """The nodes' bindings rounds write what a pause or kill freed within a second or so."""
+    for _ in range(100):
+        r = await call()
+        if r.status_code == status:
+            return r
+        await asyncio.sleep(0.05)
+    return r
+
+
+async def test_a_resume_is_placed_under_its_teams_limit(tmp_path: Path, one: EtcdCluster) -> None:
+    """maxSandboxes=1: a paused sandbox holds nothing, so another may run; resuming the
+    first is then refused (429, not to retry) through the gateway, wherever the running one
+    is, and admitted once that one is gone."""
+    async with cluster(tmp_path, one) as c:
+        node = f"http://127.0.0.1:{c.nodes[0].config.port}"
+        async with httpx.AsyncClient(base_url=node, headers={"X-API-Key": KEY}) as admin:
+            assert (await admin.post("/admin/teams", json={
+                "name": "solo", "maxSandboxes": 1})).status_code == 201  # fmt: skip
+            key = (await admin.post("/admin/keys", json={"team": "solo"})).json()["key"]
+        for _ in range(100):
+            if c.gateway.teams is not None and c.gateway.teams.principal(key) is not None:
+                break
+            await asyncio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=c.origin, headers={"X-API-Key": key},
+                                     timeout=30) as solo:  # fmt: skip
+            a = (await _create(solo))["sandboxID"]
+            assert (await solo.post(f"/sandboxes/{a}/pause")).status_code == 204
+            r = await _eventually(lambda: solo.post("/sandboxes", json={
+                "templateID": "base", "timeout": 300}), 201)  # fmt: skip
+            assert r.status_code == 201, r.text
+            b = r.json()["sandboxID"]
+            for path in ("resume", "connect"):
+                r = await solo.post(f"/sandboxes/{a}/{path}", json={"timeout": 60})
+                assert r.status_code == 429 and r.headers["should-retry"] == "false", r.text
+                assert "team solo may run 1 sandboxes at once" in r.json()["message"]
+            assert (await solo.delete(f"/sandboxes/{b}")).status_code == 204
+            r = await _eventually(lambda: solo.post(f"/sandboxes/{a}/resume",
+                                                    json={"timeout": 60}), 201)  # fmt: skip
+            assert r.status_code == 201, r.text
+
+
 async def test_an_unbound_sandbox_is_found_by_asking_and_a_lost_nodes_is_gone(
     tmp_path: Path, one: EtcdCluster
 ) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import time
@@ -73,6 +72,7 @@ from aenv.cluster.placement import (
     PlacementRequest,
     PreferLocal,
     TeamLimitReached,
+    TeamQuota,
 )
 from aenv.cluster.published import (
     PublishedEntry,
@@ -85,7 +85,7 @@ from aenv.cluster.teams import EtcdTeams
 from aenv.cluster.view import PrefixView
 from aenv.config import Config
 from aenv.obs import GATEWAY_REQUESTS
-from aenv.orchestrator.requests import FULL_RETRY_AFTER_S, new_sandbox_id
+from aenv.orchestrator.requests import FULL_RETRY_AFTER_S
 
 log = logging.getLogger("aenv.gateway")
 
@@ -201,12 +201,13 @@ class Gateway:
         if isinstance(r, routing.OneSandbox):
             node = await self._owner(r.sandbox_id)
             headers = self._control_headers(scope)
-            if r.resume and (node is None or node.draining):
-                moved = await self._move_paused(send, r.sandbox_id)
-                if moved is False:
+            if r.resume:
+                placed = await self._place_resume(send, r.sandbox_id, node,
+                                                  callers.quota(self.teams, scope))
+                if placed is False:
                     return "not_placed"
-                if moved is not None:
-                    node = moved
+                if placed is not None and placed is not node:
+                    node = placed
                     headers.append((wire.ADOPT_HEADER.encode(), b"1"))
             if node is None:
                 await send_json(send, 404, _no_sandbox(r.sandbox_id))
@@ -357,7 +358,7 @@ class Gateway:
         target = target_of(scope, scope.get("raw_path") or scope["path"].encode())
         headers = self._control_headers(scope)
         assert self.published is not None
-        req = _placement_request(body, nodes, list(self.published.items.values()))
+        req = callers.placement_request(body, nodes, list(self.published.items.values()))
         if req is None:  # not a create any node would make: its answer (400, 404) is ours
             return await self._answer(send, await call(self.pool, nodes[0], "POST", target,
                                                        headers, body))  # fmt: skip
@@ -446,35 +447,50 @@ class Gateway:
                     raise
         raise EtcdError(f"sandbox {req.sandbox_id}: placed and unplaced at once")
 
-    async def _move_paused(self, send: Any, sandbox_id: str) -> NodeRecord | None | bool:
-        """A paused sandbox whose node is lost or draining, with its paused state published:
-        bound to another node now (one etcd transaction, as a placement), which takes it over
-        on the resume. None if it cannot move (not published, or it runs); False once an
-        error is sent (no node has room)."""
+    async def _place_resume(self, send: Any, sandbox_id: str, node: NodeRecord | None,
+                            quota: TeamQuota | None) -> NodeRecord | None | bool:  # fmt: skip
+        """A resume or connect of a paused sandbox, placed as a create is (one etcd
+        transaction): on its own node if that one serves and its team has limits (so they
+        hold across the cluster), else, its node lost or draining and its paused state
+        published, on another node, which takes it over. The node to send it to (None: no
+        placement, send it where it is); False once an error is sent."""
         assert self.etcd is not None and self.members is not None
-        entry = parse_entry(kv.value) if (kv := await self.etcd.get(
-            paused_key(self.prefix, sandbox_id))) is not None else None  # fmt: skip
-        if entry is None:
-            return None
+        serving = node is not None and not node.draining
+        if serving and (quota is None or not quota.limited):
+            return None  # its node admits it, as it would alone
         bkv = await self.etcd.get(placement.binding_key(self.prefix, sandbox_id))
         old = _parse_binding(bkv.value) if bkv is not None else None
+        if old is None and serving:
+            return None
         if old is not None and old.holds:
-            return None  # it runs (or starts) somewhere: not a paused sandbox to move
-        nodes = [n for n in self._nodes() if old is None or n.name != old.node]
-        req = PlacementRequest(sandbox_id=sandbox_id, memory_mib=entry.memory_mib,
-                               quota=callers.team_quota(self.teams, old.team) if old else None)
+            return None  # it runs (or starts) somewhere: nothing to place
+        if serving:
+            assert node is not None and old is not None
+            nodes, memory = [node], old.memory_mib
+        else:
+            entry = parse_entry(kv.value) if (kv := await self.etcd.get(
+                paused_key(self.prefix, sandbox_id))) is not None else None  # fmt: skip
+            if entry is None:
+                return None
+            nodes = [n for n in self._nodes() if old is None or n.name != old.node]
+            memory = entry.memory_mib
+            if old is not None:  # its binding says whose it is
+                quota = callers.team_quota(self.teams, old.team)
+        req = PlacementRequest(sandbox_id=sandbox_id, memory_mib=memory, quota=quota)
         try:
             return await placement.place(self.etcd, self.prefix, nodes, req, self.policy,
                                          replacing=bkv.mod_revision if bkv else 0)  # fmt: skip
-        except PlacementFailed as e:
-            await send_json(send, 429, {"code": 429, "message": str(e)},
-                            [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
-            return False
         except TeamLimitReached as e:
             await send_json(send, 429, {"code": 429, "message": str(e)},
                             [(b"should-retry", b"false")])
             return False
-        except AlreadyBound:  # another gateway moved it meanwhile: where to, it says
+        except PlacementFailed as e:
+            if nodes == [node]:
+                return None  # its own node is full: that node answers, as it would alone
+            await send_json(send, 429, {"code": 429, "message": str(e)},
+                            [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
+            return False
+        except AlreadyBound:  # another gateway placed it meanwhile: where to, it says
             b = await placement.binding(self.etcd, self.prefix, sandbox_id)
             return self.members.nodes.get(b.node) if b is not None else None
 
@@ -542,29 +558,6 @@ def _no_sandbox(sandbox_id: str) -> dict[str, Any]:
 
 def _no_nodes() -> dict[str, Any]:
     return {"code": 503, "message": "no node of the cluster is available"}
-
-
-def _placement_request(body: bytes, nodes: list[NodeRecord], published: list[PublishedEntry]
-                       ) -> PlacementRequest | None:  # fmt: skip
-    """What to place for a create body, or None if no node would make it (bad body,
-    unknown template)."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("templateID"), str):
-        return None
-    template: str = doc["templateID"]
-    memory = doc.get("memoryMB")
-    if not isinstance(memory, int) or isinstance(memory, bool):
-        memory = max((n.memory_of[template] for n in nodes if template in n.memory_of),
-                     default=None)  # fmt: skip
-    if memory is None:  # a snapshot no live node holds may still be in the snapshot store
-        entry = newest(published, template)
-        memory = entry.memory_mib if entry is not None else None
-    if memory is None:
-        return None
-    return PlacementRequest(sandbox_id=new_sandbox_id(), memory_mib=memory, template=template)
 
 
 async def _release(etcd: Etcd, prefix: str, sandbox_id: str) -> None:

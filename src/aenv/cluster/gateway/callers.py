@@ -1,12 +1,17 @@
-"""Who calls the gateway: the team of the request's key (etcd's teams, cluster/teams.py),
-and the limits the placement holds that team to across the cluster."""
+"""Who calls the gateway and what a create asks for: the team of the request's key (etcd's
+teams, cluster/teams.py), the limits the placement holds that team to across the cluster,
+and the placement a create body needs."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from aenv.cluster.placement import TeamQuota
+from aenv.cluster.membership import NodeRecord
+from aenv.cluster.placement import PlacementRequest, TeamQuota
+from aenv.cluster.published import PublishedEntry, newest
 from aenv.cluster.teams import EtcdTeams
+from aenv.orchestrator.requests import new_sandbox_id
 from aenv.teams.model import Principal, TeamNotFound
 
 
@@ -31,3 +36,26 @@ def team_quota(teams: EtcdTeams | None, team_id: str) -> TeamQuota:
     except TeamNotFound:  # deleted since the key was read: its sandboxes hold no limit
         return TeamQuota(team_id, team_id)
     return TeamQuota(t.team_id, t.name, t.max_sandboxes, t.max_memory_mib)
+
+
+def placement_request(body: bytes, nodes: list[NodeRecord], published: list[PublishedEntry]
+                       ) -> PlacementRequest | None:  # fmt: skip
+    """What to place for a create body, or None if no node would make it (bad body,
+    unknown template)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("templateID"), str):
+        return None
+    template: str = doc["templateID"]
+    memory = doc.get("memoryMB")
+    if not isinstance(memory, int) or isinstance(memory, bool):
+        memory = max((n.memory_of[template] for n in nodes if template in n.memory_of),
+                     default=None)  # fmt: skip
+    if memory is None:  # a snapshot no live node holds may still be in the snapshot store
+        entry = newest(published, template)
+        memory = entry.memory_mib if entry is not None else None
+    if memory is None:
+        return None
+    return PlacementRequest(sandbox_id=new_sandbox_id(), memory_mib=memory, template=template)
