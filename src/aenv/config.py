@@ -159,6 +159,9 @@ class Config(BaseModel):
     # The same for the user snapshots creates (or snapshot forks) used most recently, one
     # budget for all: each older snapshot keeps one VM, the newest the rest. 0 disables it.
     primed_snapshot_pool_size: int = Field(1, ge=0, le=64)
+    # Under TCG, priming also runs a shell as a first command would (machines/guest_warm.py),
+    # so a sandbox's first command and terminal find their code translated.
+    prime_warm: bool = True
     max_sandboxes: int = 64
     # The hot pause tier: a full pause keeps the stopped VMM (and its slot) for up to
     # hot_pause_s, so a resume continues it (no restore, no re-translation under TCG), and
@@ -312,6 +315,7 @@ _SIMPLE_ENV = {
     "WARM_POOL_SIZE": "warm_pool_size",
     "PRIMED_POOL_SIZE": "primed_pool_size",
     "PRIMED_SNAPSHOT_POOL_SIZE": "primed_snapshot_pool_size",
+    "PRIME_WARM": "prime_warm",
     "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",
     "ON_SHUTDOWN": "on_shutdown",
     "DISK_RESERVE_MIB": "disk_reserve_mib",

@@ -1,7 +1,8 @@
 """The primed pool (`AENV_PRIMED_POOL_SIZE`, runtime.Runtime.prime): creates from the default
 template continue a VM restored and run ahead of time. With the unmodified SDK: each such
 sandbox has its own env, token, files and entropy, works like any other (pause, resume),
-and the pool refills; the node's census is clean after it stops (running_node)."""
+and the pool refills; the node's census is clean after it stops (running_node). Under TCG
+each primed VM ran a shell first (`AENV_PRIME_WARM`), which left nothing behind."""
 
 from __future__ import annotations
 
@@ -38,8 +39,16 @@ def test_creates_continue_primed_vms_each_with_its_own_identity(
         boxes = [Sandbox.create(timeout=300, envs={"WHO": f"box{i}"}) for i in range(2)]
         try:
             log = n.log.read_text()
+            # Under TCG priming ran a shell (guest_warm), which left nothing behind: no
+            # process, no shell history.
+            with n.api() as c:
+                tcg = c.get("/health").json()["accelerator"] == "tcg"
+            assert re.search(rf"primed pool-\w+ from \S+ \(warmed: {tcg}\)", log), log[-3000:]
             for i, sbx in enumerate(boxes):
                 assert f"create {sbx.sandbox_id}: primed VM" in log  # not a restore
+                assert sbx.commands.list() == []
+                left = sbx.commands.run("ls -a /root /home/user", user="root").stdout
+                assert "history" not in left, left
                 assert sbx.commands.run("echo $WHO").stdout == f"box{i}\n"
                 sbx.files.write("/home/user/who", sbx.sandbox_id)
             for sbx in boxes:

@@ -49,7 +49,7 @@ from aenv.api.relay import (
 from aenv.api.upstream import UpstreamPool
 from aenv.machines.api import AGENT_PORT
 from aenv.obs import PROXY_REQUESTS
-from aenv.orchestrator.routes import Route, RouteTable
+from aenv.orchestrator.routes import WAKE_GRACE_S, Route, RouteTable
 
 log = logging.getLogger("aenv.proxy")
 
@@ -284,6 +284,14 @@ class DataPlaneProxy:
             return
         raise Aborted(ex.reason)
 
+    def _grace(self, route: Route, port: int) -> float | None:
+        """Until when a refused connection to one of the sandbox's own ports is tried
+        again: for a while after a resume, as the guest may still be starting the server
+        that was paused beside it. (The agent answers before a resume returns.)"""
+        if route.woke_at is None or port == self.agent_port:
+            return None
+        return route.woke_at + WAKE_GRACE_S
+
     async def _websocket(
         self, scope: Scope, receive: Any, send: Any, route: Route, target: Target, ex: Exchange
     ) -> None:
@@ -292,6 +300,7 @@ class DataPlaneProxy:
             target_of(scope, target.raw_path), _sandbox_headers(scope), ex,
             lambda: _port_closed_body(route, target.port),
             tls=target.port in route.ingress.https_ports,
+            connect_until=self._grace(route, target.port),
         )  # fmt: skip
         PROXY_REQUESTS.labels(outcome).inc()
 
@@ -305,6 +314,7 @@ class DataPlaneProxy:
                 lambda: _port_closed_body(route, target.port),
                 tls=target.port in route.ingress.https_ports,
                 host_header=route.ingress.host_header(target.port),
+                connect_until=self._grace(route, target.port),
             )  # fmt: skip
         except Aborted:
             PROXY_REQUESTS.labels("upstream_broken").inc()

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aenv.api import websocket as ws
 from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool, unchecked_tls
@@ -117,14 +118,31 @@ def target_of(scope: Scope, raw_path: bytes) -> bytes:
     return raw_path + b"?" + qs if qs else raw_path
 
 
+T = TypeVar("T")
+RETRY_CONNECT_S = 0.1
+
+
+async def connected(attempt: Callable[[], Awaitable[T]], until: float | None) -> T:
+    """attempt(), tried again every RETRY_CONNECT_S while it raises ConnectFailed and
+    `until` (time.monotonic()) is not reached."""
+    while True:
+        try:
+            return await attempt()
+        except ConnectFailed:
+            if until is None or time.monotonic() + RETRY_CONNECT_S > until:
+                raise
+        await asyncio.sleep(RETRY_CONNECT_S)
+
+
 async def relay_http(
     pool: UpstreamPool, scope: Scope, receive: Any, send: Any, addr: tuple[str, int],
     target: bytes, headers: Headers, ex: Exchange,
     connect_failed: Callable[[], dict[str, Any]], *, tls: bool = False,
-    host_header: bytes | None = None,
+    host_header: bytes | None = None, connect_until: float | None = None,
 ) -> str:  # fmt: skip
     """Relay the request to `addr` (`headers` already filtered; the body's framing is
-    taken from the scope), over TLS if `tls`, with `host_header` as Host if given. Returns
+    taken from the scope), over TLS if `tls`, with `host_header` as Host if given, trying
+    to connect until `connect_until` (a refused connect leaves the body unread). Returns
     the outcome: ok, port_closed, client_gone, upstream_error. Raises Aborted when the
     upstream breaks mid-response."""
     length: bytes | None = None
@@ -143,11 +161,11 @@ async def relay_http(
     # Set once the request body has been read to its end: until then it owns `receive`.
     body_read = asyncio.Event() if has_body else None
     try:
-        response = await pool.request(
+        response = await connected(lambda: pool.request(
             scope["method"], addr[0], addr[1], target, headers,
             body=_body(receive, body_read) if body_read is not None else None,
             content_length=length, tls=tls, host_header=host_header,
-        )  # fmt: skip
+        ), connect_until)  # fmt: skip
     except ConnectFailed:
         await send_json(send, 502, connect_failed())
         return "port_closed"
@@ -184,16 +202,16 @@ async def relay_http(
 async def relay_websocket(
     scope: Scope, receive: Any, send: Any, addr: tuple[str, int], target: bytes,
     headers: Headers, ex: Exchange, connect_failed: Callable[[], dict[str, Any]], *,
-    tls: bool = False,
+    tls: bool = False, connect_until: float | None = None,
 ) -> str:  # fmt: skip
     """Bridge an accepted-to-be client WebSocket (its `websocket.connect` already received)
     to one opened at `addr` (over TLS if `tls`). Returns the outcome: ws_ok, ws_refused,
     port_closed, upstream_error, client_gone or aborted."""
     try:
-        up = await ws.open_upstream(addr[0], addr[1], target,
-                                    forward_headers(headers, ws.HANDSHAKE_HEADERS),
-                                    scope.get("subprotocols") or (),
-                                    unchecked_tls() if tls else None)  # fmt: skip
+        up = await connected(lambda: ws.open_upstream(
+            addr[0], addr[1], target, forward_headers(headers, ws.HANDSHAKE_HEADERS),
+            scope.get("subprotocols") or (), unchecked_tls() if tls else None,
+        ), connect_until)  # fmt: skip
     except ws.Refused as e:
         ctype = next((v for k, v in e.headers if k == b"content-type"), b"text/plain")
         await ws.deny(scope, send, e.status, e.body, ctype)

@@ -17,7 +17,7 @@ from typing import Any
 
 from aenv.config import MachineShape
 from aenv.faults import fault
-from aenv.machines import agent_replies
+from aenv.machines import agent_replies, guest_warm
 from aenv.machines.api import (
     AGENT_PORT,
     AgentInit,
@@ -47,6 +47,7 @@ from aenv.storage.snapshots import (
 )
 from aenv.storage.templates import TemplateMissing
 from aenv.teams.model import DEFAULT_TEAM
+from aenv.vmm.base import Accel
 
 log = logging.getLogger(__name__)
 
@@ -225,8 +226,9 @@ class Cloning:
         """A VM restored from `snapshot_id`, run until its agent has answered `/health` and
         an identity-less `/init` (clock and entropy only), then stopped: the primed pool's.
         Under TCG the first requests after a restore pay for translating the guest code
-        they run (`bench/snapshots.py --first-request`); a primed VM has paid already. It
-        has run nothing but the template's agent; the sandbox's own `/init` reseeds it."""
+        they run (`bench/snapshots.py --first-request`); a primed VM has paid already, and
+        has run a shell as a first command would (`guest_warm`). It has run nothing of the
+        template's own but its agent; the sandbox's own `/init` reseeds it."""
         man = self._manifest(snapshot_id)
         src = self.snapshots.path(snapshot_id)
         check_restorable(src, man)
@@ -244,7 +246,11 @@ class Cloning:
                                                 deadline_s=AGENT_BOOT_TIMEOUT)
                 if r.status >= 300:
                     raise BootError(f"agent {path} answered {r.status}: {r.snippet()}")
+            warmed = False
+            if self.cfg.prime_warm and self.driver.accel() == Accel.TCG:
+                warmed = await guest_warm.warm(m.http, url)
             await m.vm.pause()
+            log.debug("primed %s from %s (warmed: %s)", m.name, snapshot_id, warmed)
         except BaseException:
             await self._destroy(m)
             raise

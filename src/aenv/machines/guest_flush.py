@@ -1,4 +1,5 @@
-"""Asking a running guest, through its agent, whether it answers and to flush its filesystems.
+"""Asking a running guest, through its agent, whether it answers, to flush its filesystems,
+or to run a process (`run_process`).
 
 A filesystem-only pause keeps only the disk: the guest's dirty page cache lives in its RAM,
 which that pause drops. So before the VM stops, the agent runs the tools drive's busybox
@@ -38,7 +39,7 @@ def _end_event(data: bytes) -> dict[str, object] | None:
         i += 5 + n
         if flags & _END_STREAM:
             if isinstance(msg, dict) and msg.get("error"):
-                raise GuestUnresponsive(f"the guest agent failed the sync: {msg['error']}")
+                raise GuestUnresponsive(f"the guest agent failed the process: {msg['error']}")
             break
         event = msg.get("event") if isinstance(msg, dict) else None
         if isinstance(event, dict) and isinstance(event.get("end"), dict):
@@ -56,10 +57,12 @@ async def check_agent(http: httpx.AsyncClient, base_url: str, timeout: float) ->
         raise GuestUnresponsive(f"the guest agent answered /health with {r.status}")
 
 
-async def sync_filesystems(
-    http: httpx.AsyncClient, base_url: str, token: str | None, timeout: float
-) -> None:
-    """Run `sync` in the guest and wait for it to exit 0; GuestUnresponsive otherwise."""
+async def run_process(
+    http: httpx.AsyncClient, base_url: str, token: str | None, argv: tuple[str, ...],
+    timeout: float, *, envs: dict[str, str] | None = None, pty: bool = False,
+) -> dict[str, object] | None:  # fmt: skip
+    """Run `argv` in the guest (on a terminal if `pty`) and wait for it: its `end` event,
+    or None if the stream had none. GuestUnresponsive if the agent does not answer."""
     headers = {
         "Content-Type": "application/connect+json",
         "Connect-Protocol-Version": "1",
@@ -67,20 +70,33 @@ async def sync_filesystems(
     }
     if token:
         headers["X-Access-Token"] = token
-    body = _envelope({"process": {"cmd": SYNC_ARGV[0], "args": list(SYNC_ARGV[1:])}})
+    process: dict[str, object] = {"cmd": argv[0], "args": list(argv[1:])}
+    if envs:
+        process["envs"] = envs
+    message: dict[str, object] = {"process": process}
+    if pty:
+        message["pty"] = {"size": {"cols": 80, "rows": 24}}
     try:
         # The whole exchange within `timeout`, the reply within agent_replies' byte cap.
         r = await agent_replies.request(http, "POST", base_url + "/process.Process/Start",
-                                        content=body, headers=headers, deadline_s=timeout)
+                                        content=_envelope(message), headers=headers,
+                                        deadline_s=timeout)  # fmt: skip
     except GuestReplyError as e:
-        raise GuestUnresponsive(f"the guest agent did not run sync: {e}") from e
+        raise GuestUnresponsive(f"the guest agent did not run {argv[0]}: {e}") from e
     if r.status != 200:
-        raise GuestUnresponsive(f"the guest agent answered sync with {r.status}: "
+        raise GuestUnresponsive(f"the guest agent answered {argv[0]} with {r.status}: "
                                 f"{r.snippet()}")  # fmt: skip
     try:
-        end = _end_event(r.body)
+        return _end_event(r.body)
     except (ValueError, RecursionError, struct.error) as e:
         raise GuestUnresponsive(f"the guest agent sent a malformed stream: {e}") from e
+
+
+async def sync_filesystems(
+    http: httpx.AsyncClient, base_url: str, token: str | None, timeout: float
+) -> None:
+    """Run `sync` in the guest and wait for it to exit 0; GuestUnresponsive otherwise."""
+    end = await run_process(http, base_url, token, SYNC_ARGV, timeout)
     # protobuf JSON omits zero values: a clean exit has no exitCode.
     if end is None or not end.get("exited") or end.get("exitCode", 0) != 0:
         raise GuestUnresponsive(f"sync in the guest did not exit cleanly: {end}")

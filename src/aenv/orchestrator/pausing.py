@@ -142,7 +142,7 @@ class Pausing:
         if not ok:
             await self._runtime_kill(handle)
             raise ShuttingDown("the node is shutting down")
-        self.routes.add(handle, rec.access_token, rec.ingress)
+        self.routes.add(handle, rec.access_token, rec.ingress, resumed=True)
         OPS_TOTAL.labels("resume", "ok").inc()
         log_event(log, "sandbox.resumed", sandbox_id=sid, slot=handle.slot_addr, reboot=reboot,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip

@@ -8,6 +8,7 @@ killed sandbox's streams end at once instead of hanging on a vanished VM.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,6 +22,8 @@ class Stream(Protocol):
 
 
 MAX_HTTPS_PORTS = 100
+# How long after a resume a refused connection to one of the sandbox's ports is retried.
+WAKE_GRACE_S = 5.0
 _MASK = re.compile(r"[A-Za-z0-9.:\-_${}\[\]]{1,255}")  # a host[:port], ${PORT} allowed
 
 
@@ -75,6 +78,10 @@ class Route:
     access_token: str | None
     ingress: Ingress = PUBLIC
     streams: set[Stream] = field(default_factory=set)
+    # time.monotonic() of the resume that made this route, None for a create. Its guest's
+    # processes were frozen mid-way (a server still starting when the timeout paused it),
+    # so the proxy gives a port that is not yet open a grace period (`WAKE_GRACE_S`).
+    woke_at: float | None = None
 
     @property
     def sandbox_id(self) -> str:
@@ -88,8 +95,9 @@ class RouteTable:
         self.on_remove: list[Callable[[Route], None]] = []
 
     def add(self, handle: SandboxHandle, access_token: str | None,
-            ingress: Ingress = PUBLIC) -> Route:  # fmt: skip
-        route = Route(handle, access_token, ingress)
+            ingress: Ingress = PUBLIC, *, resumed: bool = False) -> Route:  # fmt: skip
+        route = Route(handle, access_token, ingress,
+                      woke_at=time.monotonic() if resumed else None)  # fmt: skip
         self._routes[handle.sandbox_id] = route
         return route
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from aenv.api.app import Node
 from aenv.api.proxy import file_signature
 from aenv.orchestrator.fake import FakeRuntime
+from aenv.orchestrator.routes import WAKE_GRACE_S
 
 from .conftest import KEY, make_config, serve
 
@@ -617,3 +619,54 @@ async def _until(cond: Any, timeout: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@bounded
+async def test_a_resumed_sandboxs_port_gets_a_grace_period_to_open(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int]
+) -> None:
+    """A server the timeout paused while it was starting: the request that wakes the
+    sandbox waits for its port (for WAKE_GRACE_S) instead of a 502; a sandbox that was not
+    resumed gets the 502 at once."""
+    _, base = origin
+    app, _ = upstream
+    sb = await new_sandbox(base, autoPause=True, autoResume={"enabled": True})
+    fresh = await new_sandbox(base)
+    port = _free_port()
+    async with httpx.AsyncClient(base_url=base, timeout=30) as c:
+        t0 = time.monotonic()
+        r = await c.get("/", headers=dp(fresh, port))
+        assert r.status_code == 502 and "port is not open" in r.json()["message"]
+        assert time.monotonic() - t0 < 2  # no grace without a resume
+        r = await c.post(f"/sandboxes/{sb['sandboxID']}/pause", headers={"X-API-Key": KEY})
+        assert r.status_code == 204
+
+        async def late_server() -> None:
+            await asyncio.sleep(1.5)
+            async with serve(app, port):
+                await asyncio.sleep(10)
+
+        server = asyncio.create_task(late_server())
+        try:
+            t0 = time.monotonic()
+            r = await c.get("/late", headers=dp(sb, port))  # resumes it, then waits
+            assert r.status_code == 200, r.text
+            assert r.json()["path"] == "/late" and time.monotonic() - t0 >= 1.4
+        finally:
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
+        # past the grace period a closed port is a 502 again, at once
+        node, _ = origin
+        route = node.orchestrator.routes.get(sb["sandboxID"])
+        assert route is not None and route.woke_at is not None
+        route.woke_at -= WAKE_GRACE_S
+        t0 = time.monotonic()
+        r = await c.get("/", headers=dp(sb, port))
+        assert r.status_code == 502 and time.monotonic() - t0 < 2
