@@ -34,7 +34,7 @@ def run_suite(sdk: Path, work: Path, paths: list[str], pytest_args: list[str], *
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env["E2B_API_KEY"] = API_KEY  # and no E2B_DEBUG: debug mode skips the control plane
     with contextlib.ExitStack() as stack:
-        extra = {"AENV_INSTANCE": instance, "AENV_PRIMED_POOL_SIZE": "0", **node_env}
+        extra = {"AENV_INSTANCE": instance, **node_env}  # the pools as a node has them
         if tls:
             certs = make_certs(work / "certs", DOMAIN)
             ns = stack.enter_context(client_namespace(DOMAIN))

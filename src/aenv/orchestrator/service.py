@@ -15,34 +15,28 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-import pydantic
-
 from aenv import faults, obs
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
-from aenv.machines.agent_replies import AgentMetrics, GuestLogs
 from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
 from aenv.network.egress import EgressPolicy
-from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, REJECTED_TOTAL, log_event, stage
+from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, log_event, stage
 from aenv.orchestrator import background, mounts, recovery, space
 from aenv.orchestrator import snapshots as snaps
+from aenv.orchestrator.admission import Admission
 from aenv.orchestrator.errors import (
-    CapacityExhausted,
     InvalidRequest,
     NotFound,
     ShuttingDown,
-    SpaceExhausted,
     StateConflict,
-    TeamLimitReached,
 )
 from aenv.orchestrator.forking import Forking
 from aenv.orchestrator.locks import Joiner, SandboxLocks
 from aenv.orchestrator.networking import Networking
+from aenv.orchestrator.observing import Observing
 from aenv.orchestrator.pausing import Pausing
 from aenv.orchestrator.requests import (
     AUTO_PAUSE_RETRY_S,
-    BOOTS_RETRY_AFTER_S,
-    FULL_RETRY_AFTER_S,
     MAX_REFRESH_S,
     CreateRequest,
     agent_init,
@@ -50,13 +44,12 @@ from aenv.orchestrator.requests import (
     new_sandbox_id,
 )
 from aenv.orchestrator.routes import PUBLIC, Ingress, RouteTable
-from aenv.orchestrator.sandbox_logs import LogEntry, SandboxLogs
+from aenv.orchestrator.sandbox_logs import SandboxLogs
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
-from aenv.orchestrator.store import ListQuery, MetricSample, SandboxRecord, Store
+from aenv.orchestrator.store import ListQuery, SandboxRecord, Store
 from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
 from aenv.teams import names
-from aenv.teams.model import TeamNotFound
 from aenv.teams.store import Teams, TeamStore
 from aenv.volumes.store import Volumes, VolumeStore
 
@@ -67,7 +60,7 @@ S = SandboxState
 
 
 
-class Orchestrator(Pausing, Forking, Networking):
+class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
     """Owns every sandbox of this node. Valid between `start()` and `close()`."""
 
     def __init__(
@@ -276,89 +269,6 @@ class Orchestrator(Pausing, Forking, Networking):
         return self.store.count_by_state()
 
     # -- create ----------------------------------------------------------------------------
-
-    def _check_timeout(self, timeout_s: int) -> None:
-        if timeout_s < 0:
-            raise InvalidRequest("timeout must not be negative")
-        if timeout_s > self.config.max_timeout_s:
-            raise InvalidRequest(
-                f"timeout cannot be greater than {self.config.max_timeout_s} seconds"
-            )
-
-    def _shape(self, base: MachineShape, req: CreateRequest) -> MachineShape:
-        if req.vcpus is None and req.memory_mib is None:
-            return base
-        try:
-            return MachineShape(
-                vcpus=req.vcpus if req.vcpus is not None else base.vcpus,
-                memory_mib=req.memory_mib if req.memory_mib is not None else base.memory_mib,
-                disk_mib=base.disk_mib,
-            )
-        except pydantic.ValidationError as e:
-            err = e.errors()[0]
-            name = {"vcpus": "cpuCount", "memory_mib": "memoryMB"}.get(str(err["loc"][0]), "")
-            raise InvalidRequest(f"invalid {name}: {err['msg']}") from None
-
-    def _admit(self, new_mib: int, op: str, *, vms: int = 1, boot: bool = True,
-               new: bool = True, team_id: str | None = None) -> None:
-        """Refuse an operation before it touches anything: shutting down (503), over the
-        team's limits or max_sandboxes or max_concurrent_boots (429), short of space (507).
-        Callers insert or CAS their record with no await after this, so the counts stay
-        exact."""
-        self._refuse(new=new)
-        if team_id is not None:
-            self.admit_team(team_id, vms, new_mib, op)
-        if vms and self.store.count(HOLDS_CAPACITY) + vms > self.config.max_sandboxes:
-            REJECTED_TOTAL.labels("max_sandboxes").inc()
-            raise CapacityExhausted(
-                f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
-                retry_after_s=FULL_RETRY_AFTER_S,
-            )
-        if boot and self._booting >= self.config.max_concurrent_boots:
-            REJECTED_TOTAL.labels("max_concurrent_boots").inc()
-            raise CapacityExhausted(
-                f"the node is already booting {self.config.max_concurrent_boots} sandboxes",
-                retry_after_s=BOOTS_RETRY_AFTER_S,
-            )
-        self._admit_space(new_mib, op)
-
-    def admit_team(self, team_id: str, vms: int, new_mib: int, op: str) -> None:
-        """TeamLimitReached if `vms` more sandboxes of `new_mib` MiB in all would take the
-        team past its limits (running and restoring sandboxes count, as for the node's)."""
-        if self.teams is None:
-            return
-        try:
-            team = self.teams.team(team_id)
-        except TeamNotFound:  # gone (another node deleted it): nothing left to hold it to
-            return
-        if team.max_sandboxes is not None:
-            have = self.store.count(HOLDS_CAPACITY, team_id)
-            if have + vms > team.max_sandboxes:
-                REJECTED_TOTAL.labels("team_sandboxes").inc()
-                raise TeamLimitReached(
-                    f"cannot {op}: team {team.name!r} may run {team.max_sandboxes} sandboxes "
-                    f"at once and runs {have}; kill or pause some, or ask for a higher limit")
-        if team.max_memory_mib is not None:
-            have = self.store.sum_memory_mib(HOLDS_CAPACITY, team_id)
-            if have + new_mib > team.max_memory_mib:
-                REJECTED_TOTAL.labels("team_memory").inc()
-                raise TeamLimitReached(
-                    f"cannot {op}: team {team.name!r} may use {team.max_memory_mib} MiB of "
-                    f"sandbox memory and uses {have}; {new_mib} MiB more would pass it")
-
-    def _admit_space(self, new_mib: int, op: str, *, keep_running: bool = True) -> None:
-        """507 unless free space >= RAM of the running sandboxes (`keep_running`) + `new_mib`
-        + the reserve (space.py)."""
-        running = self.store.sum_memory_mib(HOLDS_CAPACITY) if keep_running else 0
-        reserve = self.config.disk_reserve_mib
-        free = self.free_bytes()
-        short = space.shortfall(free, running, new_mib, reserve)
-        if short:
-            REJECTED_TOTAL.labels("disk_space").inc()
-            raise SpaceExhausted(
-                f"not enough free space on the data filesystem to {op}: {free >> 20} MiB free, "
-                f"{(free + short) >> 20} MiB needed ({space.explain(running, new_mib, reserve)})"
-            )
 
     async def create(self, req: CreateRequest) -> SandboxRecord:
         self._check_timeout(req.timeout_s)
@@ -612,74 +522,3 @@ class Orchestrator(Pausing, Forking, Networking):
             now = self.now_us()
             self.store.extend_end(sandbox_id, [rec.state], now + timeout_s * 1_000_000, now)
         return self.get(sandbox_id), False
-
-    # -- metrics and the guest's log ------------------------------------------------------
-
-    def _start_cmd_of(self, rec: SandboxRecord) -> str | None:
-        """The start command of the sandbox's template (the guest's journal holds its
-        output), if it is a template here that has one."""
-        try:
-            return self.runtime.template(rec.template_id).start_cmd
-        except Exception:
-            return None
-
-    async def pull_guest_logs(self, sandbox_id: str) -> int:
-        """What the guest logged since the last pull, into the sandbox's log: the number of
-        entries taken (0 too if it is not running or its agent does not answer)."""
-        route = self.routes.get(sandbox_id)
-        if route is None or self.logs is None:
-            return 0
-        try:
-            async with asyncio.timeout(background.SAMPLE_TIMEOUT_S):
-                raw = await self.runtime.agent_logs(route.handle,
-                                                    self.logs.guest_cursor(sandbox_id))
-            got = GuestLogs.parse(raw)
-        except Exception as e:
-            log_event(log, "sandbox.guest_logs_failed", logging.DEBUG, sandbox_id=sandbox_id,
-                      error=repr(e))  # fmt: skip
-            return 0
-        return self.logs.add_guest(sandbox_id, [
-            LogEntry(e.tsUs, e.level, e.message, {**e.fields, "source": e.fields.get(
-                "source", "guest")}) for e in got.entries], got.next)  # fmt: skip
-
-    async def sample(self, sandbox_id: str) -> bool:
-        """Take one metrics sample from the agent; False if it did not answer."""
-        route = self.routes.get(sandbox_id)
-        if route is None:
-            return False
-        try:
-            async with asyncio.timeout(background.SAMPLE_TIMEOUT_S):
-                raw = await self.runtime.agent_metrics(route.handle)
-            m = _metric_from_agent(raw, self.now_us())
-        except Exception as e:
-            log_event(log, "sandbox.metrics_failed", logging.DEBUG, sandbox_id=sandbox_id,
-                      error=repr(e))  # fmt: skip
-            return False
-        return self.store.add_metric(sandbox_id, m)
-
-    async def metrics(
-        self, sandbox_id: str, start_us: int | None, end_us: int | None
-    ) -> list[MetricSample]:
-        """Samples in [start, end] (defaults: the sandbox's start, now). A window reaching the
-        present gets a fresh sample if the last one is older than the sampling interval."""
-        rec = self.get(sandbox_id)
-        now = self.now_us()
-        interval_us = int(self.config.metrics_interval_s * 1_000_000)
-        if rec.state is not S.PAUSED and (end_us is None or end_us >= now - interval_us):
-            last = self.store.last_metric_us(sandbox_id)
-            if last is None or last < now - interval_us:
-                await self.sample(sandbox_id)
-        start = rec.started_at_us if start_us is None else start_us
-        end = self.now_us() if end_us is None else end_us
-        return self.store.metrics(sandbox_id, start, end)
-
-
-def _metric_from_agent(raw: dict[str, object], now_us: int) -> MetricSample:
-    """A sample from the guest's (untrusted) numbers: GuestReplyError unless each is in range.
-    The timestamp is the node's own."""
-    m = AgentMetrics.parse(raw)
-    return MetricSample(
-        ts_us=now_us, cpu_count=m.cpu_count, cpu_used_pct=m.cpu_used_pct,
-        mem_used=m.mem_used, mem_total=m.mem_total, mem_cache=m.mem_cache,
-        disk_used=m.disk_used, disk_total=m.disk_total,
-    )

@@ -37,7 +37,7 @@ from aenv.machines.api import AGENT_PORT, AgentInit, SandboxHandle
 from aenv.machines.machine import AGENT_METRICS_TIMEOUT, BootError, Machine
 from aenv.machines.runtime import Runtime
 from aenv.network.slot import Slot
-from aenv.orchestrator.service import _metric_from_agent
+from aenv.orchestrator.observing import _metric_from_agent
 
 from .conftest import make_config
 
