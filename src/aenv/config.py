@@ -214,6 +214,8 @@ class Config(BaseModel):
     public_url: str | None = None
     build_egress_allow: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])
     build_context_max_bytes: int = Field(1 << 30, ge=1 << 20)
+    # All build contexts kept (for rebuilds of the same files): least recently used beyond it.
+    build_contexts_bytes: int = Field(4 << 30, ge=0)
 
     # Which Runtime the node drives: "qemu" (real microVMs) or "fake" (no VMs; API tests only).
     runtime: Literal["qemu", "fake"] = "qemu"
@@ -336,6 +338,7 @@ _SIMPLE_ENV = {
     "LAYERED_PULLS": "layered_pulls",
     "PUBLIC_URL": "public_url",
     "BUILD_CONTEXT_MAX_BYTES": "build_context_max_bytes",
+    "BUILD_CONTEXTS_BYTES": "build_contexts_bytes",
     "SNAPSHOTS_DIR": "snapshots_path",
     "TEMPLATES_DIR": "templates_path",
     "VOLUMES_DIR": "volumes_path",

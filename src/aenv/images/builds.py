@@ -91,6 +91,7 @@ class Builds:
         self.cache = StepCache(cfg.images_dir / "step-cache")
         self._builds: dict[str, Build] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._copying: dict[str, set[str]] = {}  # build id -> the contexts its COPY steps use
         self._slots = asyncio.Semaphore(cfg.max_concurrent_builds)
         self._starting: set[str] = set()  # cached snapshots builds are starting from
         self._recover()
@@ -170,6 +171,7 @@ class Builds:
         spec.check()
         b.status = "building"  # at once: the SDK's build_in_background reads it right away
         self._save(b)
+        self._copying[b.build_id] = {s.filesHash for s in spec.steps if s.filesHash}
         self._tasks[b.build_id] = asyncio.create_task(self._run(b, spec))
 
     async def cancel(self, b: Build) -> None:
@@ -219,9 +221,17 @@ class Builds:
                 await self.rt.destroy(vm)
             self._save(b)
             self._tasks.pop(b.build_id, None)
+            self._copying.pop(b.build_id, None)
             with contextlib.suppress(Exception):
                 stepgc.evict(self.cache, self.rt.snapshots, self.cfg.step_cache_bytes,
                              self._in_use())  # fmt: skip
+            try:
+                gone = self.contexts.evict(self.cfg.build_contexts_bytes,
+                                           set().union(*self._copying.values()))  # fmt: skip
+                if gone:
+                    log.info("build contexts evicted (past build_contexts_bytes): %s", gone)
+            except OSError as e:
+                log.warning("evicting build contexts failed: %s", e)
 
     def _replace(self, template: Any) -> None:
         """The new build becomes the template; the previous build's snapshot goes (sandboxes
@@ -366,7 +376,7 @@ class Builds:
         # COPY
         assert step.filesHash is not None
         archive = self.contexts.path(step.filesHash)
-        if not archive.is_file():
+        if not self.contexts.touch(step.filesHash):
             raise BuildFailed(f"COPY {step.args[0]}: its files were not uploaded "
                               f"(hash {step.filesHash})", where)  # fmt: skip
         try:

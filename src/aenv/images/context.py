@@ -5,6 +5,11 @@ The SDK PUTs an archive to the URL `GET /templates/{id}/files/{hash}` answered, 
 key: the URL carries its own short-lived signature (an HMAC of the hash and an expiry under a
 key of this node process). An archive is written to a temporary name and renamed when whole,
 so one cut off half-way is never `present`.
+
+Archives are kept after their build: a rebuild of the same files skips the upload (the SDK
+asks whether the hash is `present` first). They are bounded in all (`build_contexts_bytes`):
+after each build the least recently used go first (`evict`), but never one a build in
+flight names, nor one used within `KEEP_RECENT_S` (its build may not have started yet).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ UPLOAD_PREFIX = "/_aenv/build-files/"
 URL_TTL_S = 3600
 HASH_RE = re.compile(r"[a-f0-9]{64}")
 GZIP_MAGIC = b"\x1f\x8b"
+KEEP_RECENT_S = URL_TTL_S  # an upload is kept at least as long as its URL was valid
 
 
 class ContextError(ValueError):
@@ -42,7 +48,42 @@ class ContextStore:
         return self.root / files_hash
 
     def present(self, files_hash: str) -> bool:
-        return self.path(files_hash).is_file()
+        """Whether the archive is here; asking counts as a use (the SDK asks before each
+        build that copies it)."""
+        return self.touch(files_hash)
+
+    def touch(self, files_hash: str) -> bool:
+        """Mark the archive used now (least recently used goes first); False if absent."""
+        try:
+            os.utime(self.path(files_hash))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def evict(self, bound: int, in_use: set[str]) -> list[str]:
+        """Remove archives, least recently used first, until all left fit in `bound` bytes;
+        none in `in_use` or used within KEEP_RECENT_S. The hashes removed."""
+        kept: list[tuple[float, int, Path]] = []
+        for p in self.root.iterdir():
+            if not HASH_RE.fullmatch(p.name):
+                continue  # uploads in progress (.tmp-*) are the census's
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            kept.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in kept)
+        gone: list[str] = []
+        recent = time.time() - KEEP_RECENT_S
+        for mtime, size, p in sorted(kept):
+            if total <= bound:
+                break
+            if p.name in in_use or mtime > recent:
+                continue
+            p.unlink(missing_ok=True)
+            total -= size
+            gone.append(p.name)
+        return gone
 
     def _mac(self, files_hash: str, exp: int) -> str:
         return hmac.new(self._key, f"{files_hash}:{exp}".encode(), hashlib.sha256).hexdigest()
