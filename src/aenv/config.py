@@ -47,7 +47,8 @@ class ClusterConfig(BaseModel):
 
     etcd_endpoints: list[str] = Field(default_factory=list)
     prefix: str = Field("/aenv/", pattern=r"^/.*/$")  # every key aenv writes is under it
-    node_name: str = ""  # default: "<hostname>-<instance>"
+    # default: "<hostname>-<instance>". A name is the last part of etcd keys: no "/" or "@".
+    node_name: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,62})?$")
     node_url: str = ""  # how gateways reach this node; default: public_url or http://host:port
     lease_ttl_s: int = Field(10, ge=2, le=300)  # a dead node is lost within this
     # Shared by every node and gateway of the cluster: a gateway's create names the

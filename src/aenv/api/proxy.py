@@ -49,6 +49,7 @@ from aenv.api.relay import (
 from aenv.api.upstream import UpstreamPool
 from aenv.machines.api import AGENT_PORT
 from aenv.obs import PROXY_REQUESTS
+from aenv.orchestrator.errors import TeamLimitReached
 from aenv.orchestrator.routes import WAKE_GRACE_S, Route, RouteTable
 
 log = logging.getLogger("aenv.proxy")
@@ -231,7 +232,10 @@ class DataPlaneProxy:
         else:
             route = self.routes.get(target.sandbox_id)
             if route is None and self.resolve is not None:
-                route = await self.resolve(target.sandbox_id)
+                try:
+                    route = await self.resolve(target.sandbox_id)
+                except TeamLimitReached as e:  # its autoResume would pass its team's limit
+                    return _Denial(429, {"code": 429, "message": str(e)}, "team_limit")
             if route is None:
                 return _Denial(502, not_found_body(target.sandbox_id), "not_found")
         if target.port == self.agent_port and (

@@ -11,7 +11,7 @@ reservations name but that have no member record:
   each guarded by the revision read and by the node's record still being absent (a node
   registering meanwhile keeps everything), and then its reservation. Bindings of sandboxes
   whose paused state is published (`<prefix>paused/<id>`) stay: those sandboxes resume on
-  another node, which moves the binding.
+  another node, which moves the binding. Its share of each team's usage goes too.
 - A node that registers again has its mark deleted.
 """
 
@@ -27,7 +27,13 @@ from pydantic import ValidationError
 
 from aenv.cluster.etcd import Etcd, KeyValue, compare_mod, compare_version, delete_op, put_op
 from aenv.cluster.membership import nodes_prefix
-from aenv.cluster.placement import Binding, binding_key, reservation_key
+from aenv.cluster.placement import (
+    HOLD_MARK,
+    Binding,
+    binding_key,
+    reservation_key,
+    team_usage_prefix,
+)
 from aenv.cluster.published import paused_prefix
 
 log = logging.getLogger("aenv.cluster")
@@ -67,7 +73,12 @@ class Forgetting:
                 bindings[_tail(kv)] = (Binding.model_validate_json(kv.value), kv.mod_revision)
             except ValidationError:
                 continue
-        absent = ({b.node for b, _ in bindings.values()} | set(reservations)) - members
+        usage: dict[str, list[KeyValue]] = {}  # node -> its share of each team's usage
+        for kv in await self._all(team_usage_prefix(p)):
+            if not _tail(kv).startswith(HOLD_MARK):  # holds end with their leases
+                usage.setdefault(_tail(kv), []).append(kv)
+        absent = ({b.node for b, _ in bindings.values()} | set(reservations) | set(usage)
+                  ) - members  # fmt: skip
         out = Forgotten([], [], [], [])
         for node, kv in marks.items():
             if node not in absent and (await self.etcd.txn(
@@ -86,6 +97,7 @@ class Forgetting:
             if now - _since(mark) < self.after_s:
                 continue
             await self._forget(node, bindings, paused, reservations.get(node), out)
+            await self._forget_usage(node, usage.get(node, []))
         return out
 
     async def _forget(self, node: str, bindings: dict[str, tuple[Binding, int]],
@@ -112,6 +124,13 @@ class Forgetting:
             log.warning("node %s absent for %.0f s: forgot %d bindings%s", node, self.after_s,
                         sum(1 for s in out.bindings if bindings[s][0].node == node),
                         " and its reservation" if node in out.reservations else "")  # fmt: skip
+
+    async def _forget_usage(self, node: str, kvs: list[KeyValue]) -> None:
+        """The node's share of its teams' usage: nothing runs there any more."""
+        absent = compare_version(nodes_prefix(self.prefix) + node, "EQUAL", 0)
+        for kv in kvs:
+            await self.etcd.txn([absent, compare_mod(kv.key, "EQUAL", kv.mod_revision)],
+                                [delete_op(kv.key)])  # fmt: skip
 
     async def _all(self, prefix: str) -> list[KeyValue]:
         kvs, _ = await self.etcd.get_prefix(prefix)

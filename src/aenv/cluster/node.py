@@ -24,6 +24,7 @@ from aenv.cluster.identity import node_name, node_url
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
 from aenv.cluster.secrets import EtcdSecrets
 from aenv.cluster.sharing import Sharing, shared_names
+from aenv.cluster.team_holds import TeamHolds
 from aenv.cluster.teams import EtcdTeams
 from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
@@ -74,6 +75,7 @@ class NodeMembership:
                                      cfg.cluster.forget_lost_after_s)  # fmt: skip
         self._forget: asyncio.Task[None] | None = None
         self.teams: EtcdTeams | None = None  # from start()
+        self.holds: TeamHolds | None = None  # from start()
         # Snapshots shared with the other nodes (a runtime with a snapshot repository).
         self.sharing: Sharing | None = None
         if isinstance(getattr(orchestrator.runtime, "snapshots", None), SnapshotStore):
@@ -137,6 +139,8 @@ class NodeMembership:
         self.teams = EtcdTeams(self.etcd, self.cfg.cluster.prefix)
         await self.teams.start()
         self.orch.teams = self.teams
+        self.holds = TeamHolds(self.etcd, self.cfg.cluster.prefix, self.teams)
+        self.orch.team_holds = self.holds
         await self.registration.start()
         await self.bindings.start()
         if self.sharing is not None:
@@ -226,6 +230,8 @@ class NodeMembership:
             await cancel(self._guard)
             await cancel(self._forget)
             await self.bindings.stop()
+            if self.holds is not None:
+                await self.holds.close()
             if self.teams is not None:
                 await self.teams.stop()
             if self.sharing is not None:

@@ -16,6 +16,9 @@
   the read (another placement, a node's reconcile) makes it read again. So a team spread
   over many nodes and gateways stays within its limits. Nodes keep the keys true
   (`bindings.py`).
+- Sandboxes no placement made (forks' children, a sandbox woken by traffic) are counted by
+  a **hold** (`hold`, `team_holds.py`): a key of the team's usage range on a lease, taken
+  with the same check and guard, which every placement counts until it goes.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ log = logging.getLogger("aenv.cluster")
 
 ATTEMPTS = 64  # transactions lost to other placers before giving up (then 503)
 BACKOFF_S = 0.005  # up to this, at random, after a lost transaction: the losers spread out
+HOLD_MARK = "@hold-"  # node names are DNS labels (identity.py): no node is named so
 
 
 class AlreadyBound(EtcdError):
@@ -181,22 +185,49 @@ class _TeamRead:
                            memory_mib=sum(r.memory_mib for r, _ in self.usage.values()))
 
 
-async def _read_team(etcd: Etcd, prefix: str, req: PlacementRequest) -> _TeamRead | None:
-    q = req.quota
+async def _read_team(etcd: Etcd, prefix: str, q: TeamQuota | None, vms: int,
+                     memory_mib: int) -> _TeamRead | None:  # fmt: skip
+    """A limited team's usage, read; TeamLimitReached if `vms` more sandboxes of
+    `memory_mib` MiB in all would pass one of its limits. None for a team without limits."""
     if q is None or not q.limited:
         return None
     kvs, revision = await etcd.get_prefix(team_usage_prefix(prefix, q.team))
     read = _TeamRead({kv.key.rsplit("/", 1)[1]: (_reservation(kv), kv.mod_revision)
                       for kv in kvs}, revision)  # fmt: skip
     used = read.total()
-    if q.max_sandboxes is not None and used.sandboxes + 1 > q.max_sandboxes:
+    if q.max_sandboxes is not None and used.sandboxes + vms > q.max_sandboxes:
         raise TeamLimitReached(f"team {q.name} may run {q.max_sandboxes} sandboxes at once "
-                               f"and runs {used.sandboxes} across the cluster")  # fmt: skip
-    if q.max_memory_mib is not None and used.memory_mib + req.memory_mib > q.max_memory_mib:
+                               f"and runs {used.sandboxes} across the cluster"
+                               + (f" ({vms} more asked)" if vms > 1 else ""))  # fmt: skip
+    if q.max_memory_mib is not None and used.memory_mib + memory_mib > q.max_memory_mib:
         raise TeamLimitReached(f"team {q.name} may use {q.max_memory_mib} MiB at once and "
                                f"uses {used.memory_mib} MiB across the cluster "
-                               f"({req.memory_mib} MiB asked)")  # fmt: skip
+                               f"({memory_mib} MiB asked)")  # fmt: skip
     return read
+
+
+def hold_key(prefix: str, team: str, hold_id: str) -> str:
+    """A hold's key in the team's usage range: its last part is no node's name."""
+    return team_usage_key(prefix, team, f"{HOLD_MARK}{hold_id}")
+
+
+async def hold(etcd: Etcd, prefix: str, quota: TeamQuota, vms: int, memory_mib: int,
+               hold_id: str, lease: int) -> str:
+    """Take `vms` places of `memory_mib` MiB in all for a limited team, as a key of its
+    usage range on `lease` (which every placement counts): the same check and the same
+    range guard as a placement's. TeamLimitReached if they would pass a limit; the key."""
+    key = hold_key(prefix, quota.team, hold_id)
+    value = Reservation(sandboxes=vms, memory_mib=memory_mib).model_dump_json()
+    for _ in range(ATTEMPTS):
+        team = await _read_team(etcd, prefix, quota, vms, memory_mib)
+        assert team is not None
+        r = await etcd.txn([compare_range_mod_below(team_usage_prefix(prefix, quota.team),
+                                                    team.revision + 1)],
+                           [put_op(key, value, lease)])  # fmt: skip
+        if r.succeeded:
+            return key
+        await asyncio.sleep(random.uniform(0, BACKOFF_S))
+    raise PlacementFailed(f"a hold for team {quota.name} lost {ATTEMPTS} transactions in a row")
 
 
 async def reservations(etcd: Etcd, prefix: str) -> dict[str, Reservation]:
@@ -243,7 +274,7 @@ async def place(etcd: Etcd, prefix: str, nodes: Sequence[NodeRecord], req: Place
     policy = policy or PreferLocal()
     bkey = binding_key(prefix, req.sandbox_id)
     for _ in range(ATTEMPTS):
-        team = await _read_team(etcd, prefix, req)
+        team = await _read_team(etcd, prefix, req.quota, 1, req.memory_mib)
         reserved = await _reservations(etcd, prefix)
         views = [NodeView(n, reserved.get(n.name, (Reservation(), 0))[0]) for n in nodes]
         chosen = policy.choose(req, views)

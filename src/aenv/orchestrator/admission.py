@@ -10,6 +10,10 @@ team's limits are also checked across nodes, in the placement transaction
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
 import pydantic
 
 from aenv.config import MachineShape
@@ -26,8 +30,26 @@ from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.teams.model import TeamNotFound
 
 
+class TeamHolding(Protocol):
+    """Places of a limited team held across a cluster while an operation no placement made
+    runs (`cluster/team_holds.py`)."""
+
+    def hold(self, team_id: str, vms: int, memory_mib: int, op: str
+             ) -> AbstractAsyncContextManager[None]: ...  # fmt: skip
+
+
 class Admission:
     """Part of `Orchestrator` (orchestrator/service.py), whose state it uses."""
+
+    team_holds: TeamHolding | None = None  # set by a node of a cluster
+
+    def team_hold(self, team_id: str, vms: int, memory_mib: int, op: str
+                  ) -> AbstractAsyncContextManager[None]:  # fmt: skip
+        """In a cluster, the team's places held for a fork's children or a woken sandbox
+        (TeamLimitReached past its limits across the cluster); alone, nothing to hold."""
+        if self.team_holds is None:
+            return contextlib.nullcontext()
+        return self.team_holds.hold(team_id, vms, memory_mib, op)
 
     def _check_timeout(self, timeout_s: int) -> None:
         if timeout_s < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -235,12 +236,14 @@ class Forking:
             raise InvalidRequest(f"count must be between 1 and {MAX_FORK_COUNT}")
         if timeout_s is not None:
             self._check_timeout(timeout_s)
-        async with self._locks.hold(sandbox_id):
+        async with contextlib.AsyncExitStack() as held, self._locks.hold(sandbox_id):
             src = self.get(sandbox_id)
             paused = src.state is S.PAUSED
             if not paused:
                 src = self._running_for(sandbox_id, "a fork")
             self._refuse(new=True)
+            await held.enter_async_context(self.team_hold(
+                src.team_id, count, count * src.memory_mib, f"fork {count}"))
             self.admit_team(src.team_id, count, count * src.memory_mib, f"fork {count}")
             room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
             n = min(count, room)
@@ -302,15 +305,17 @@ class Forking:
         snap = await self._find_shared(snapshot, team_id)  # TemplateNotFound -> 404
         info = self.resolve_template(snap.snapshot_id, fetched=True)
         self._refuse(new=True)
-        self.admit_team(team_id, count, count * info.shape.memory_mib, f"create {count}")
-        n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
-        self._admit_space(n * info.shape.memory_mib, f"create {n} sandboxes")
-        req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s, team_id=team_id)
-        egress = self.egress_for(None)
-        kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
-        t0 = time.perf_counter()
-        out: list[SandboxRecord | BaseException] = await self._children_from(
-            snap.snapshot_id, kids)
+        mib = info.shape.memory_mib
+        async with self.team_hold(team_id, count, count * mib, f"create {count}"):
+            self.admit_team(team_id, count, count * mib, f"create {count}")
+            n = min(count, max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY)))
+            self._admit_space(n * mib, f"create {n} sandboxes")
+            req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s, team_id=team_id)
+            egress = self.egress_for(None)
+            kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
+            t0 = time.perf_counter()
+            out: list[SandboxRecord | BaseException] = await self._children_from(
+                snap.snapshot_id, kids)
         out += [CapacityExhausted(
             f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
             retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - n)]  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from aenv.faults import fault
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, log_event, stage
-from aenv.orchestrator.errors import ShuttingDown, StateConflict
+from aenv.orchestrator.errors import ShuttingDown, StateConflict, TeamLimitReached
 from aenv.orchestrator.requests import agent_init
 from aenv.orchestrator.routes import Route
 from aenv.orchestrator.states import PUBLIC_STATE, SandboxState
@@ -194,7 +194,8 @@ class Pausing:
 
     async def route_for_paused(self, sandbox_id: str) -> Route | None:
         """autoResume: the data plane found no route; resume the sandbox if it is paused and
-        asked for it, and give its new route (None: answer 502 as for any paused sandbox)."""
+        asked for it, and give its new route (None: answer 502 as for any paused sandbox).
+        TeamLimitReached if its team may not run one more (in a cluster: anywhere)."""
         rec = self.store.get(sandbox_id)
         if rec is None or not rec.auto_resume or rec.state not in (
                 S.PAUSED, S.PAUSING, S.RESUMING) or not self._accepting or self._fenced:
@@ -202,7 +203,10 @@ class Pausing:
         if rec.pause_mode == "filesystem":
             return None  # a reboot is no transparent wake-up: resumed only by connect
         try:
-            await self.connect(sandbox_id, rec.timeout_s)
+            async with self.team_hold(rec.team_id, 1, rec.memory_mib, "resume a sandbox"):
+                await self.connect(sandbox_id, rec.timeout_s)
+        except TeamLimitReached:
+            raise  # the data plane says so (429), not "not found"
         except Exception as e:
             log_event(log, "sandbox.auto_resume_failed", logging.WARNING, sandbox_id=sandbox_id,
                       error=repr(e))  # fmt: skip

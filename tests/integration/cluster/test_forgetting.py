@@ -1,7 +1,7 @@
 """Nodes that never come back (`cluster/forgetting.py`) against a real etcd: a node absent
-past the bound loses its bindings and reservation, but not the bindings of its published
-paused sandboxes; the first mark's time stands whoever looks; a node that registers again
-keeps everything; a binding moved meanwhile is left alone."""
+past the bound loses its bindings, reservation and share of team usage, but not the
+bindings of its published paused sandboxes; the first mark's time stands whoever looks; a
+node that registers again keeps everything; a binding moved meanwhile is left alone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import os
 from aenv.cluster.etcd import Etcd
 from aenv.cluster.forgetting import Forgetting, lost_prefix
 from aenv.cluster.membership import Capacity, NodeRecord, nodes_prefix
-from aenv.cluster.placement import Binding, Reservation, binding_key, reservation_key
+from aenv.cluster.placement import (
+    Binding,
+    Reservation,
+    binding_key,
+    hold_key,
+    reservation_key,
+    team_usage_key,
+    team_usage_prefix,
+)
 from aenv.cluster.published import paused_key
 
 
@@ -39,6 +47,8 @@ async def test_an_absent_node_is_forgotten_after_the_bound_but_its_published_pau
     await etcd.put(paused_key(p, "g3"), "{}")  # g3's paused state is published
     for node in ("live", "ghost"):
         await etcd.put(reservation_key(p, node), Reservation(sandboxes=2).model_dump_json())
+        await etcd.put(team_usage_key(p, "red", node), Reservation(sandboxes=1).model_dump_json())
+    await etcd.put(hold_key(p, "red", "x"), Reservation(sandboxes=1).model_dump_json())
     now = [1000.0]
     forgetting = Forgetting(etcd, p, after_s=100, clock=lambda: now[0])
 
@@ -53,6 +63,8 @@ async def test_an_absent_node_is_forgotten_after_the_bound_but_its_published_pau
     assert r.bindings == ["g1", "g2"] and r.reservations == ["ghost"]
     assert await _keys(etcd, binding_key(p, "")) == {"a", "g3"}
     assert await _keys(etcd, reservation_key(p, "")) == {"live"}
+    # its share of the team's usage goes; a hold is no node's (it ends with its lease)
+    assert await _keys(etcd, team_usage_prefix(p)) == {"red/live", "red/@hold-x"}
     # g3 still names ghost: the mark stays, and the next round deletes nothing more.
     assert await _keys(etcd, lost_prefix(p)) == {"ghost"}
     r = await forgetting.round()

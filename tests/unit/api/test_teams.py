@@ -281,3 +281,24 @@ async def test_secrets_are_per_team_and_rules_name_only_the_teams_own(
         assert_error(await admin.delete("/admin/teams/sec"), 409, "1 secret")
         assert (await other.delete("/secrets/api")).status_code == 204
         assert (await admin.get(f"/secrets/{only['secretID']}")).status_code == 200
+
+
+async def test_traffic_that_would_wake_a_sandbox_past_its_teams_limit_gets_429(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    """autoResume is a resume: past the team's limit the data plane says why (429), and
+    the sandbox stays paused; within it, the request wakes it."""
+    key = await _team_key(admin, "one", maxSandboxes=1)
+    async with _as(node, key) as one:
+        r = await _create(one, autoPause=True, autoResume={"enabled": True})
+        a = r.json()
+        assert (await one.post(f"/sandboxes/{a['sandboxID']}/pause")).status_code == 204
+        b = (await _create(one)).json()["sandboxID"]
+        traffic = {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": "49983",
+                   "X-Access-Token": a["envdAccessToken"]}  # fmt: skip
+        r = await one.get("/health", headers=traffic)
+        assert_error(r, 429, "team 'one' may run 1 sandboxes at once")
+        assert (await one.get(f"/sandboxes/{a['sandboxID']}")).json()["state"] == "paused"
+        assert (await one.delete(f"/sandboxes/{b}")).status_code == 204
+        r = await one.get("/health", headers=traffic)
+        assert r.status_code != 429, r.text  # woken (nothing listens in a fake VM)
+        assert (await one.get(f"/sandboxes/{a['sandboxID']}")).json()["state"] == "running"
