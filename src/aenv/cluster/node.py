@@ -33,6 +33,7 @@ from aenv.storage.kernel import kernel_cache_key
 from aenv.storage.snapshots import SnapshotStore
 from aenv.storage.tools import tools_key
 from aenv.tasks import cancel
+from aenv.teams.store import TeamStore
 
 CLOSE_RECONCILE_S = 5.0
 GUARD_EVERY_S = 0.2
@@ -138,6 +139,14 @@ class NodeMembership:
         # Teams and keys every node and gateway reads (cluster/teams.py).
         self.teams = EtcdTeams(self.etcd, self.cfg.cluster.prefix)
         await self.teams.start()
+        local = self.orch.teams  # the node's own database's, which the cluster's replace
+        if isinstance(local, TeamStore):
+            clash = await self.teams.carry(local.teams(), local.keys(), local.key_hashes())
+            if clash:
+                logging.getLogger("aenv.cluster").warning(
+                    "teams %s of this node's database were not carried into the cluster: "
+                    "the cluster has teams of those names; their sandboxes here are no "
+                    "team's of the cluster", clash)  # fmt: skip
         self.orch.teams = self.teams
         self.holds = TeamHolds(self.etcd, self.cfg.cluster.prefix, self.teams)
         self.orch.team_holds = self.holds

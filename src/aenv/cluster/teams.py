@@ -181,6 +181,43 @@ class EtcdTeams:
             await self._put_key(key_id, d)
         return self.key(key_id)
 
+    async def carry(self, teams: list[Team], keys: list[ApiKey], hashes: dict[str, str]
+                    ) -> list[str]:  # fmt: skip
+        """A node joining the cluster brings the teams and keys of its own database: each
+        written only if the cluster has none of that id (and the team's name is free),
+        with the same ids, so what the node's records say is theirs stays theirs. The
+        node's own key is the cluster's (`bind_node_key`). The names of teams that could
+        not come (a team of that name but another id is the cluster's): their sandboxes
+        here keep their id, which no key of the cluster names."""
+        clash: list[str] = []
+        for t in teams:
+            if t.team_id == DEFAULT_TEAM:
+                continue
+            doc = {"name": t.name, "max_sandboxes": t.max_sandboxes,
+                   "max_memory_mib": t.max_memory_mib, "created_us": t.created_us}
+            name_key = self._p + "name/" + t.name
+            r = await self._etcd.txn([compare_version(name_key, "EQUAL", 0),
+                                      compare_version(self._team_key(t.team_id), "EQUAL", 0)],
+                                     [put_op(name_key, t.team_id),
+                                      put_op(self._team_key(t.team_id), json.dumps(doc))])
+            if r.succeeded:
+                self._teams.items[t.team_id] = doc
+            elif (kv := await self._etcd.get(name_key)) is None or kv.value.decode() != t.team_id:
+                clash.append(t.name)
+        for k in keys:
+            if k.key_id == NODE_KEY_ID or k.key_id not in hashes or \
+                    k.team_id not in self._teams.items:  # its team could not come
+                continue
+            doc = {"team_id": k.team_id, "name": k.name, "hash": hashes[k.key_id],
+                   "mask": k.mask, "admin": k.admin, "created_us": k.created_us,
+                   "revoked_us": k.revoked_us}  # fmt: skip
+            key = self._p + "key/" + k.key_id
+            if (await self._etcd.txn([compare_version(key, "EQUAL", 0)],
+                                     [put_op(key, json.dumps(doc))])).succeeded:
+                self._keys.items[k.key_id] = doc
+                self._indexed = -1
+        return clash
+
     def _team_key(self, team_id: str) -> str:
         return self._p + "team/" + team_id
 

@@ -136,6 +136,10 @@ class TeamStore:
                              (NODE_KEY_ID, DEFAULT_TEAM, "the node's key", key_hash(key),
                               mask(key), _now_us()))  # fmt: skip
 
+    def key_hashes(self) -> dict[str, str]:
+        """Each key's stored digest by key id (to carry the keys into a cluster)."""
+        return dict(self._db.execute("SELECT key_id, hash FROM api_keys").fetchall())
+
     # -- requests --------------------------------------------------------------------------
 
     def principal(self, key: str) -> Principal | None:

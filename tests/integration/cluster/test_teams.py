@@ -1,19 +1,22 @@
 """A cluster's teams and keys in a real etcd (`cluster/teams.py`): what one node or gateway
 makes, every other one knows within a watch event; a revoked key stops everywhere; only
-hashes are stored; a name is taken by one team in the whole cluster."""
+hashes are stored; a name is taken by one team in the whole cluster; a joining node brings
+its own."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from aenv.cluster.etcd import Etcd
 from aenv.cluster.teams import EtcdTeams
 from aenv.teams.model import DEFAULT_TEAM, NODE_KEY_ID, TeamError, TeamExists, TeamNotFound
-from aenv.teams.store import KeyNotFound
+from aenv.teams.store import KeyNotFound, TeamStore
 
 
 async def _soon(check: Callable[[], bool], what: str) -> None:
@@ -83,3 +86,47 @@ async def test_a_new_cluster_key_replaces_the_old_one(etcd: Etcd) -> None:
         assert [t.team_id for t in a.teams()] == [DEFAULT_TEAM]
     finally:
         await a.stop()
+
+
+async def test_a_joining_nodes_own_teams_and_keys_come_with_their_ids(
+        etcd: Etcd, tmp_path: Path) -> None:  # fmt: skip
+    """A node's database (real SQLite) carried into the cluster: same team ids (its records
+    stay its teams'), same keys (hashes only), revoked ones revoked; a team whose name the
+    cluster already gives another team stays out, with its keys; a second join adds
+    nothing."""
+    p = f"/t{os.urandom(3).hex()}/"
+    db = sqlite3.connect(tmp_path / "node.db", isolation_level=None)
+    db.execute("PRAGMA foreign_keys=ON")
+    local = TeamStore(db)
+    await local.bind_node_key("node-key")
+    green = await local.create_team("green", max_sandboxes=4)
+    _, gkey = await local.create_key("green", "ci")
+    gone, gone_key = await local.create_key("green", "old")
+    await local.revoke(gone.key_id)
+    await local.create_team("taken")
+    _, tkey = await local.create_key("taken")
+    _, dkey = await local.create_key(DEFAULT_TEAM, "ops", admin=True)
+    cluster = EtcdTeams(etcd, p)
+    await cluster.start()
+    try:
+        await cluster.create_team("taken")  # another team of that name, already there
+        carry = (local.teams(), local.keys(), local.key_hashes())
+        assert await cluster.carry(*carry) == ["taken"]
+        assert cluster.team("green") == green
+        assert cluster.principal(gkey).team_id == green.team_id  # type: ignore[union-attr]
+        assert cluster.principal(dkey).admin  # type: ignore[union-attr]
+        assert cluster.principal(gone_key) is None and cluster.key(gone.key_id).revoked_us
+        assert cluster.principal(tkey) is None  # its team stayed out
+        assert cluster.principal("node-key") is None  # the cluster's key is the cluster's
+        kvs, _ = await etcd.get_prefix(p)
+        assert all(gkey.encode() not in kv.value for kv in kvs)  # hashes only
+        assert await cluster.carry(*carry) == ["taken"]  # again: nothing new
+        other = EtcdTeams(etcd, p)  # another node or gateway knows them too
+        await other.start()
+        try:
+            await _soon(lambda: other.principal(gkey) is not None, "the key on another")
+        finally:
+            await other.stop()
+    finally:
+        await cluster.stop()
+        db.close()
