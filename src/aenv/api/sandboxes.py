@@ -143,9 +143,9 @@ def _unsupported_network(network: SandboxNetwork | SandboxNetworkUpdate | None) 
 
 
 def _unsupported_options(body: NewSandbox) -> None:
+    # `mcp` needs nothing here: as against E2B, the SDK itself starts the template's
+    # `mcp-gateway` in the new sandbox (and kills it if that fails).
     _unsupported_network(body.network)
-    if body.mcp:
-        raise Unsupported("mcp is not supported yet")
 
 
 def _placed_id(request: Request) -> str | None:

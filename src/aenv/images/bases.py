@@ -11,6 +11,7 @@ The familiar build needs a serving node, so it runs between two runtimes (`cli.s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 from collections.abc import Callable
@@ -63,7 +64,8 @@ def export_as(rt: Any, name: str, refs: list[Reference],
 
 async def minimal(rt: Any, name: str, force: bool, progress: Callable[[str], None]) -> None:
     await build_template(rt, name, "debian", progress=progress, force=force)
-    export_as(rt, name, [familiar.MINIMAL_IMAGE], progress)
+    # tar and umoci take seconds: off the event loop, as finish_familiar's export is.
+    await asyncio.to_thread(export_as, rt, name, [familiar.MINIMAL_IMAGE], progress)
     if name == FAMILIAR:  # `base` is the minimal one now: no familiar image stands for it
         cache = image_cache(rt.cfg)
         with cache.locked():
