@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from aenv.config import Config
 from tests.e2e.conftest import API_KEY, NodeProcess
 from tests.support import census
 from tests.support.client_ns import client_namespace
@@ -34,7 +35,10 @@ def run_suite(sdk: Path, work: Path, paths: list[str], pytest_args: list[str], *
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env["E2B_API_KEY"] = API_KEY  # and no E2B_DEBUG: debug mode skips the control plane
     with contextlib.ExitStack() as stack:
-        extra = {"AENV_INSTANCE": instance, **node_env}  # the pools as a node has them
+        # The pools as a node has them by default (the e2e suite's nodes have no primed
+        # pool: it would add to the VMs those tests count).
+        primed = Config.model_fields["primed_pool_size"].default
+        extra = {"AENV_INSTANCE": instance, "AENV_PRIMED_POOL_SIZE": str(primed), **node_env}
         if tls:
             certs = make_certs(work / "certs", DOMAIN)
             ns = stack.enter_context(client_namespace(DOMAIN))

@@ -228,7 +228,8 @@ class Cloning:
         Under TCG the first requests after a restore pay for translating the guest code
         they run (`bench/snapshots.py --first-request`); a primed VM has paid already, and
         has run a shell as a first command would (`guest_warm`). It has run nothing of the
-        template's own but its agent; the sandbox's own `/init` reseeds it."""
+        template's own but its agent; the sandbox's own `/init` reseeds it and sets its
+        token."""
         man = self._manifest(snapshot_id)
         src = self.snapshots.path(snapshot_id)
         check_restorable(src, man)
@@ -239,7 +240,10 @@ class Cloning:
             await m.vm.restore(src / "state")
             await m.vm.resume()
             url = m.slot.url(AGENT_PORT)
-            warm_init = {"timestamp": now_rfc3339(),
+            # A token of its own: a template built through the build API keeps its build's
+            # token in its agent. The sandbox's /init replaces it.
+            token = secrets.token_hex(24)
+            warm_init = {"timestamp": now_rfc3339(), "accessToken": token,
                          "aenvEntropy": base64.b64encode(secrets.token_bytes(64)).decode()}
             for method, path, body in (("GET", "/health", None), ("POST", "/init", warm_init)):
                 r = await agent_replies.request(m.http, method, url + path, json=body,
@@ -248,7 +252,7 @@ class Cloning:
                     raise BootError(f"agent {path} answered {r.status}: {r.snippet()}")
             warmed = False
             if self.cfg.prime_warm and self.driver.accel() == Accel.TCG:
-                warmed = await guest_warm.warm(m.http, url)
+                warmed = await guest_warm.warm(m.http, url, token)
             await m.vm.pause()
             log.debug("primed %s from %s (warmed: %s)", m.name, snapshot_id, warmed)
         except BaseException:

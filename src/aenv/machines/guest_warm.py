@@ -3,7 +3,7 @@
 A restored QEMU under TCG translates every guest instruction it runs for the first time:
 the agent's process-start path and the shell it starts cost ~0.25 s more on a sandbox's
 first command, its first terminal answers in ~0.4 s instead of ~0.2 s
-(`bench/snapshots.py --first-command`). A primed VM is kept stopped, and a stopped QEMU
+(`bench/primed.py`). A primed VM is kept stopped, and a stopped QEMU
 keeps what it translated, so priming runs what a new sandbox's first commands run: the
 shell, once on a terminal (`pty.create`) and once on pipes (`commands.run`).
 
@@ -33,11 +33,12 @@ WARM_RUNS: tuple[tuple[tuple[str, ...], bool], ...] = (
 )
 
 
-async def warm(http: httpx.AsyncClient, base_url: str) -> bool:
-    """Run WARM_RUNS in the guest; False (logged) if one did not exit cleanly."""
+async def warm(http: httpx.AsyncClient, base_url: str, token: str | None) -> bool:
+    """Run WARM_RUNS in the guest (its agent's access token: `token`); False (logged) if
+    one did not exit cleanly."""
     for argv, pty in WARM_RUNS:
         try:
-            end = await run_process(http, base_url, None, argv, WARM_TIMEOUT_S,
+            end = await run_process(http, base_url, token, argv, WARM_TIMEOUT_S,
                                     envs=WARM_ENVS, pty=pty)  # fmt: skip
         except GuestUnresponsive as e:
             log.info("warming a primed VM: %s", e)
