@@ -6,4 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/sdk-checkout.sh
-.venv/bin/python -m tests.sdk_compat.sandbox_suite "$sdk" "$@"
+# test_connect_normalizes_unset_tokens never reaches a node: it mocks the connect call of the
+# SDK its tag ships (v1), which the pinned SDK no longer makes (v2).
+mocked=(tests/sync/sandbox_sync/test_connect.py::test_connect_normalizes_unset_tokens
+        tests/async/sandbox_async/test_connect.py::test_connect_normalizes_unset_tokens)
+rc=0
+.venv/bin/python -m tests.sdk_compat.sandbox_suite "$sdk" "${mocked[@]/#/--deselect=}" "$@" ||
+  rc=$?
+mock_only "${mocked[@]}" || rc=$((rc ? rc : 1))
+exit "$rc"
