@@ -13,7 +13,9 @@ with the unmodified SDK pointed at the gateway alone.
 - `aenv node drain --pause` publishes the pauses, and a connect then resumes the sandbox
   on another node; undrained, the node frees its copy;
 - a fork of a sandbox on a full node starts its children on the other node, from the fork's
-  snapshot fetched there, each a sandbox of its own with the source's files and processes.
+  snapshot fetched there, each a sandbox of its own with the source's files and processes;
+- a volume (records in etcd, data in the directory both nodes mount) stays mounted in a
+  sandbox resumed on the other node and in fork children there: one live volume.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Volume
+from e2b.exceptions import VolumeException
 
 from tests.support import census
 from tests.support.cluster import Child, gateway, gateway_ready
@@ -119,9 +122,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=BUCKET)
         for inst in instances:
             stack.callback(census.release, inst)
+        # Volumes' data: one directory both nodes mount (shared storage, on one host).
         common = {"AENV_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "AENV_CLUSTER_PREFIX": prefix,
                   "AENV_CLUSTER_TOKEN": TOKEN, "AENV_STORE_URL": f"s3://{BUCKET}/c",
-                  "AENV_STORE_ENDPOINT_URL": s3.endpoint_url}  # fmt: skip
+                  "AENV_STORE_ENDPOINT_URL": s3.endpoint_url,
+                  "AENV_VOLUMES_DIR": str(tmp / "volumes")}  # fmt: skip
         nodes = []
         for i, (inst, net) in enumerate(zip(instances, SLOT_NETWORKS, strict=True)):
             (tmp / f"n{i}").mkdir()
@@ -215,16 +220,21 @@ def _demoted_by_drain(node: NodeProcess) -> bool:
 
 
 def test_a_sandbox_paused_by_a_drain_resumes_on_another_node(cluster: Cluster) -> None:
+    """... with its volume mounted there, the same live data."""
     n0, _ = cluster.nodes
-    sbx = Sandbox.create(timeout=300)  # not published on its own pauses
-    try:
+    vol = Volume.create("drained")
+    sbx = Sandbox.create(timeout=300, volume_mounts={"/mnt/v": vol})  # not published on
+    try:  # its own pauses
         assert cluster.get(f"bindings/{sbx.sandbox_id}")["node"] == "n0"  # type: ignore[index]
-        sbx.commands.run("echo drained > /dev/shm/d")
+        sbx.commands.run("echo drained > /dev/shm/d; echo at-n0 > /mnt/v/where")
         cluster.put("drain/n0", '{"pause": true}')
         assert cluster.wait_for(f"paused/{sbx.sandbox_id}", timeout=60) is not None
         back = Sandbox.connect(sbx.sandbox_id, timeout=300)
         assert cluster.get(f"bindings/{back.sandbox_id}")["node"] == "n1"  # type: ignore[index]
         assert back.commands.run("cat /dev/shm/d").stdout == "drained\n"
+        assert back.commands.run("cat /mnt/v/where").stdout == "at-n0\n"
+        back.commands.run("echo at-n1 > /mnt/v/where")
+        assert vol.read_file("/where") == "at-n1\n"  # the content API, through the gateway
         # The drain let go of n0's hot-paused VMM: its memory is n0's again.
         deadline = time.monotonic() + 10
         while not _demoted_by_drain(n0):
@@ -249,10 +259,13 @@ def test_a_sandbox_paused_by_a_drain_resumes_on_another_node(cluster: Cluster) -
     finally:
         with contextlib.suppress(Exception):
             Sandbox.kill(sbx.sandbox_id)
+        assert Volume.destroy(vol.volume_id) is True
 
 
 def test_a_fork_on_a_full_node_starts_its_children_on_another(cluster: Cluster) -> None:
-    src = Sandbox.create(timeout=300)
+    """... and they mount the source's volume: one live volume across both nodes."""
+    vol = Volume.create("forked")
+    src = Sandbox.create(timeout=300, volume_mounts={"/mnt/v": vol})
     kids: list[str] = []
     try:
         assert cluster.get(f"bindings/{src.sandbox_id}")["node"] == "n0"  # type: ignore[index]
@@ -274,11 +287,17 @@ def test_a_fork_on_a_full_node_starts_its_children_on_another(cluster: Cluster) 
             assert child.commands.run("cat /home/user/f").stdout == "forked\n"
             assert child.commands.run("grep -lx sleep /proc/[0-9]*/comm").stdout.strip()
             child.commands.run(f"echo {k} > /home/user/f")  # each child is its own
+            child.commands.run(f"echo from-n1 > /mnt/v/{k}")  # the volume is everyone's
         assert src.commands.run("cat /home/user/f").stdout == "forked\n"
+        assert src.commands.run(f"cat /mnt/v/{kids[0]}").stdout == "from-n1\n"
+        # mounted on n1: a delete through the gateway (which n0 may take) is refused
+        with pytest.raises(VolumeException, match="mounted by"):
+            Volume.destroy(vol.volume_id)
     finally:
         for sid in [src.sandbox_id, *kids]:
             with contextlib.suppress(Exception):
                 Sandbox.kill(sid)
+        assert Volume.destroy(vol.volume_id) is True
 
 
 def _fetched(node: NodeProcess, snapshot_id: str) -> str:

@@ -36,7 +36,8 @@ def test_the_manifests_are_valid_kubernetes_objects() -> None:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     kinds = {(d["kind"], d["metadata"]["name"]) for _, d in docs}
     assert {("DaemonSet", "aenv-node"), ("Deployment", "aenv-gateway"),
-            ("Service", "aenv-gateway"), ("StatefulSet", "aenv-etcd")} <= kinds
+            ("Service", "aenv-gateway"), ("StatefulSet", "aenv-etcd"),
+            ("PersistentVolumeClaim", "aenv-volumes")} <= kinds
 
 
 def test_the_node_runs_privileged_on_the_host_network_with_kvm_and_gateways_are_many() -> None:

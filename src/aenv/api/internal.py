@@ -4,6 +4,8 @@ authenticated by the cluster token rather than an API key; 404 on a node without
 - `GET /cluster/v1/sandboxes/{id}`: whether this node holds the sandbox (200 with its
   public state, or 404). A gateway asks when it finds no binding yet (a fork child or a
   direct create bound within a second of its creation).
+- `GET /cluster/v1/volume-users/{id}`: this node's sandboxes that mount the volume
+  (`{"sandboxes": [...]}`): a node deleting a volume asks every other one first.
 - `GET /cluster/v1/signed-files?<the /files query>&method=GET|POST`: which of this node's
   sandboxes a signed `/files` URL is for (200 `{sandboxID}`, or 404). Such a URL carries
   no sandbox id, and tokens never leave their node, so a gateway asks the nodes.
@@ -30,6 +32,7 @@ from aenv.api.takeover import sharing_of
 from aenv.cluster import wire
 from aenv.cluster.takeover import record_of
 from aenv.machines.api import TemplateNotFound
+from aenv.orchestrator import mounts
 from aenv.orchestrator.states import PUBLIC_STATE
 from aenv.storage.snapshots import FILES, SnapshotCorrupt, SnapshotNotFound
 
@@ -59,6 +62,13 @@ async def held(request: Request, sandbox_id: str) -> dict[str, str]:
     if rec is None or rec.state not in PUBLIC_STATE:
         raise ApiError(404, f"sandbox {sandbox_id} is not on this node")
     return {"sandboxID": sandbox_id, "state": PUBLIC_STATE[rec.state]}
+
+
+@router.get("/volume-users/{volume_id}")
+async def volume_users(request: Request, volume_id: str) -> dict[str, list[str]]:
+    """The sandboxes of this node, running or paused, that mount the volume (a delete at
+    another node asks every node first)."""
+    return {"sandboxes": mounts.volume_users(request.app.state.orchestrator.store, volume_id)}
 
 
 @router.get("/signed-files")

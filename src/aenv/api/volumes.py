@@ -115,12 +115,13 @@ async def get_volume(request: Request, volume_id: str) -> VolumeAndToken:
 @router.delete("/volumes/{volume_id}", operation_id="deleteVolume", status_code=204,
                response_class=Response)  # fmt: skip
 async def delete_volume(request: Request, volume_id: str) -> Response:
-    """Refused (409) while a sandbox mounts it, running or paused: its data would vanish
-    under the guest."""
+    """Refused (409) while a sandbox mounts it, running or paused, on this node or (in a
+    cluster) any other: its data would vanish under the guest."""
     orch = _orch(request)
     team = team_of(request)
     info = await _call(_volumes(request).get, volume_id, team)
-    users = mounts.volume_users(orch.store, info.volume_id)
+    users = mounts.volume_users(orch.store, info.volume_id) or \
+        await _call(_volumes(request).users_elsewhere, info.volume_id)
     if users:
         raise ApiError(409, f"volume {info.name!r} is mounted by {len(users)} sandbox(es), "
                        f"e.g. {users[0]}: kill them first")  # fmt: skip

@@ -26,6 +26,7 @@ from aenv.cluster.secrets import EtcdSecrets
 from aenv.cluster.sharing import Sharing, shared_names
 from aenv.cluster.team_holds import TeamHolds
 from aenv.cluster.teams import EtcdTeams
+from aenv.cluster.volumes import EtcdVolumes
 from aenv.machines.hot import memory_budget_mib
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.secrets.vault import Vault
@@ -34,6 +35,7 @@ from aenv.storage.snapshots import SnapshotStore
 from aenv.storage.tools import tools_key
 from aenv.tasks import cancel
 from aenv.teams.store import TeamStore
+from aenv.volumes.store import VolumeStore
 
 CLOSE_RECONCILE_S = 5.0
 GUARD_EVERY_S = 0.2
@@ -77,6 +79,7 @@ class NodeMembership:
         self._forget: asyncio.Task[None] | None = None
         self.teams: EtcdTeams | None = None  # from start()
         self.holds: TeamHolds | None = None  # from start()
+        self.volumes: EtcdVolumes | None = None  # from start()
         # Snapshots shared with the other nodes (a runtime with a snapshot repository).
         self.sharing: Sharing | None = None
         if isinstance(getattr(orchestrator.runtime, "snapshots", None), SnapshotStore):
@@ -131,6 +134,10 @@ class NodeMembership:
         # (cluster/secrets.py).
         shared = EtcdSecrets(self.etcd, self.cfg.cluster.prefix, Vault(self.orch.secrets_key))
         await shared.join(self.orch.secrets_key, explicit=self.cfg.secrets_key_file is not None)
+        # The node's own uses of the key (volumes' content tokens) are the cluster's too: a
+        # token one node gave is taken at every other.
+        assert shared.key is not None
+        self.orch.secrets_key = shared.key
         runtime = self.orch.runtime
         if hasattr(runtime, "use_egress_ca"):
             explicit = self.cfg.network.ca_cert_file is not None
@@ -148,6 +155,17 @@ class NodeMembership:
                     "the cluster has teams of those names; their sandboxes here are no "
                     "team's of the cluster", clash)  # fmt: skip
         self.orch.teams = self.teams
+        # Volumes every node knows, their data on the storage every node mounts.
+        self.volumes = EtcdVolumes(self.etcd, self.cfg.cluster.prefix, self.cfg.volumes_dir,
+                                   node_name(self.cfg), self.cfg.cluster.token)  # fmt: skip
+        await self.volumes.start()
+        if isinstance(self.orch.volumes, VolumeStore):
+            clash = await self.volumes.carry(self.orch.volumes.all())
+            if clash:
+                logging.getLogger("aenv.cluster").warning(
+                    "volumes %s of this node's database were not carried into the cluster: "
+                    "its teams have volumes of those names", clash)  # fmt: skip
+        self.orch.volumes = self.volumes
         self.holds = TeamHolds(self.etcd, self.cfg.cluster.prefix, self.teams)
         self.orch.team_holds = self.holds
         await self.registration.start()
@@ -243,6 +261,8 @@ class NodeMembership:
                 await self.holds.close()
             if self.teams is not None:
                 await self.teams.stop()
+            if self.volumes is not None:
+                await self.volumes.stop()
             if self.sharing is not None:
                 await self.sharing.close()
         finally:

@@ -66,21 +66,24 @@ class EtcdSecrets:
     def __init__(self, etcd: Etcd, prefix: str, vault: Vault) -> None:
         self._etcd, self._vault = etcd, vault  # join() may replace the vault
         self._p = f"{prefix}secrets/"
+        self.key: bytes | None = None  # the cluster's key, from join()
 
     async def join(self, local_key: bytes, explicit: bool) -> Vault:
         """The vault this node uses for the cluster's secrets. `explicit`: the operator gave
         the key file (every node the same): it is checked against the cluster's and never
         written to etcd. Else the first node's key becomes the cluster's, in etcd, and the
-        others adopt it. SecretsKeyMismatch if an explicit key is not the cluster's."""
+        others adopt it. SecretsKeyMismatch if an explicit key is not the cluster's. The
+        cluster's key is then `key`."""
         if not explicit:
             key = self._p + "key"
             await self._etcd.txn([compare_version(key, "EQUAL", 0)],
                                  [put_op(key, base64.b64encode(local_key))])  # fmt: skip
             kv = await self._etcd.get(key)
             assert kv is not None
-            self._vault = Vault(base64.b64decode(kv.value))
+            self.key = base64.b64decode(kv.value)
         else:
-            self._vault = Vault(local_key)
+            self.key = local_key
+        self._vault = Vault(self.key)
         await self._check_key()
         return self._vault
 

@@ -100,6 +100,11 @@ class Volumes(Protocol):
 
     def count(self, team_id: str) -> int: ...
 
+    async def users_elsewhere(self, volume_id: str) -> list[str]:
+        """Sandboxes of other nodes that mount it (a cluster's nodes); VolumeInUse if
+        that cannot be told."""
+        ...
+
 
 class VolumeStore:
     def __init__(self, db: sqlite3.Connection, root: Path) -> None:
@@ -149,6 +154,9 @@ class VolumeStore:
                                 (team_id,)).fetchall()  # fmt: skip
         return [VolumeInfo(*r) for r in rows]
 
+    async def users_elsewhere(self, volume_id: str) -> list[str]:
+        return []  # a node alone: there is no elsewhere
+
     def count(self, team_id: str) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM volumes WHERE team_id=?",
                                     (team_id,)).fetchone()[0])  # fmt: skip
@@ -160,6 +168,12 @@ class VolumeStore:
         with self._db:
             self._db.execute("DELETE FROM volumes WHERE volume_id=?", (info.volume_id,))
         await asyncio.to_thread(shutil.rmtree, self.data_dir(info.volume_id), True)
+
+    def all(self) -> list[tuple[VolumeInfo, str]]:
+        """Every volume with its team (to carry them into a cluster)."""
+        rows = self._db.execute("SELECT volume_id, name, created_us, team_id FROM volumes "
+                                "ORDER BY created_us").fetchall()  # fmt: skip
+        return [(VolumeInfo(*r[:3]), r[3]) for r in rows]
 
     def orphans(self) -> list[Path]:
         """Data directories no record names (a delete cut short)."""
