@@ -15,7 +15,8 @@ with the unmodified SDK pointed at the gateway alone.
 - a fork of a sandbox on a full node starts its children on the other node, from the fork's
   snapshot fetched there, each a sandbox of its own with the source's files and processes;
 - a volume (records in etcd, data in the directory both nodes mount) stays mounted in a
-  sandbox resumed on the other node and in fork children there: one live volume.
+  sandbox resumed on the other node, in fork children there, and in creates there from a
+  snapshot of a sandbox that mounted it: one live volume.
 """
 
 from __future__ import annotations
@@ -341,11 +342,12 @@ def test_a_snapshot_or_template_of_a_full_node_creates_on_its_peer_then_from_the
     n0, n1 = cluster.nodes
     taken: list[str] = []
     made: list[str] = []
+    vol = Volume.create("snapped")
     try:
-        src = Sandbox.create(timeout=300)
+        src = Sandbox.create(timeout=300, volume_mounts={"/mnt/v": vol})
         made.append(src.sandbox_id)
         assert cluster.get(f"bindings/{src.sandbox_id}")["node"] == "n0"  # type: ignore[index]
-        src.commands.run("echo one > /home/user/f")
+        src.commands.run("echo one > /home/user/f; echo live > /mnt/v/x")
         src.commands.run("sleep 1000", background=True)
         one = src.create_snapshot(name="cross-one").snapshot_id
         taken.append(one)
@@ -358,6 +360,8 @@ def test_a_snapshot_or_template_of_a_full_node_creates_on_its_peer_then_from_the
         # Its memory came too: the process the source ran runs here.
         assert a.commands.run("grep -lx sleep /proc/[0-9]*/comm").stdout.strip()
         assert "peer:n0" in _fetched(n1, one) and "store" not in _fetched(n1, one)
+        # It mounts the volume its source did, live (a snapshot holds no volume data).
+        assert a.commands.run("cat /mnt/v/x").stdout == "live\n"
         # A template n0 alone holds: n1 fetches it from n0 too.
         t = Sandbox.create(template="tpl-peer", timeout=300)
         made.append(t.sandbox_id)
@@ -382,6 +386,7 @@ def test_a_snapshot_or_template_of_a_full_node_creates_on_its_peer_then_from_the
         made.append(b.sandbox_id)
         assert b.commands.run("cat /home/user/f").stdout == "two\n"
         assert "store" in _fetched(n1, two) and "peer" not in _fetched(n1, two)
+        assert b.commands.run("cat /mnt/v/x").stdout == "live\n"
         assert a.commands.run("cat /home/user/f").stdout == "one\n"  # still its own
         u = Sandbox.create(template="tpl-store", timeout=300)
         made.append(u.sandbox_id)
@@ -394,3 +399,4 @@ def test_a_snapshot_or_template_of_a_full_node_creates_on_its_peer_then_from_the
         for sid in made:
             with contextlib.suppress(Exception):
                 Sandbox.kill(sid)
+        assert Volume.destroy(vol.volume_id) is True

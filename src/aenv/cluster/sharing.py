@@ -37,6 +37,7 @@ from aenv.cluster.published import published_prefix as catalog_prefix
 from aenv.cluster.takeover import Takeover
 from aenv.machines.api import SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.machines.machine import FORK_PREFIX
+from aenv.orchestrator import mounts
 from aenv.orchestrator.errors import NotFound
 from aenv.storage import checksums as sums
 from aenv.storage import lru
@@ -255,6 +256,8 @@ class Sharing:
             if from_store and self.store is not None:
                 sources.append(transfer.StoreChunks(self.store))
             moved = await asyncio.to_thread(self._adopt, pub, sources, kernel, tools)
+        mounts.remember(self.orch.store.db, pub.snapshot_id,
+                        [tuple(m) for m in pub.origin.get("volume_mounts") or ()])
         log.info("fetched snapshot %s: %d of %d MiB moved (%s) in %.1f s", pub.snapshot_id,
                  moved.moved_bytes >> 20, moved.logical_bytes >> 20,
                  ", ".join(f"{k} {v >> 20} MiB" for k, v in moved.by_source.items()) or "none",
@@ -531,8 +534,10 @@ class Sharing:
 
     def _origin(self, snapshot_id: str) -> dict[str, object]:
         info = self.orch.resolve_template(snapshot_id, fetched=True)
+        # and the volumes its source mounted: its memory expects them at any node
         return {"envd_version": info.envd_version, "env": dict(info.env), "user": info.user,
-                "workdir": info.workdir}  # fmt: skip
+                "workdir": info.workdir,
+                "volume_mounts": mounts.of_snapshot(self.orch.store.db, snapshot_id)}
 
     async def _unpublish(self, snapshot_id: str) -> None:
         assert self.store is not None
