@@ -81,6 +81,18 @@ def nodes_prefix(prefix: str) -> str:
     return f"{prefix}nodes/"
 
 
+async def others(etcd: Etcd, prefix: str, node: str) -> list[NodeRecord]:
+    """The member records of every node but `node`, read from etcd now."""
+    kvs, _ = await etcd.get_prefix(nodes_prefix(prefix))
+    out = []
+    for kv in kvs:
+        with contextlib.suppress(ValueError):
+            rec = NodeRecord.model_validate_json(kv.value)
+            if rec.name != node:
+                out.append(rec)
+    return out
+
+
 class Registration:
     """Keeps one node's record in etcd while the node runs (see the module docstring)."""
 

@@ -30,7 +30,7 @@ import httpx
 
 from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.forks import Forks
-from aenv.cluster.membership import NodeRecord, nodes_prefix
+from aenv.cluster.membership import NodeRecord, others
 from aenv.cluster.peers import PeerChunks, describe
 from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_key
 from aenv.cluster.published import published_prefix as catalog_prefix
@@ -227,14 +227,7 @@ class Sharing:
             (self.snapshots.path(snapshot_id) / USED_FILE).touch()
 
     async def _peers(self) -> list[NodeRecord]:
-        kvs, _ = await self.etcd.get_prefix(nodes_prefix(self.prefix))
-        out = []
-        for kv in kvs:
-            with contextlib.suppress(ValueError):
-                rec = NodeRecord.model_validate_json(kv.value)
-                if rec.name != self.node:
-                    out.append(rec)
-        return out
+        return await others(self.etcd, self.prefix, self.node)
 
     # -- fetch -------------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ are HMACs under the secrets key every node of a cluster shares (volumes/store.py
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -27,7 +26,7 @@ import httpx
 
 from aenv.cluster import wire
 from aenv.cluster.etcd import Etcd, compare_mod, compare_version, delete_op, put_op
-from aenv.cluster.membership import NodeRecord, nodes_prefix
+from aenv.cluster.membership import others
 from aenv.cluster.view import PrefixView
 from aenv.volumes.store import (
     DEFAULT_GID,
@@ -136,13 +135,7 @@ class EtcdVolumes:
     async def users_elsewhere(self, volume_id: str) -> list[str]:
         """The sandboxes of the other nodes that mount the volume, running or paused.
         VolumeInUse if a node cannot be asked: its sandboxes might."""
-        kvs, _ = await self._etcd.get_prefix(nodes_prefix(self._prefix))
-        peers = []
-        for kv in kvs:
-            with contextlib.suppress(ValueError):
-                rec = NodeRecord.model_validate_json(kv.value)
-                if rec.name != self._node:
-                    peers.append(rec)
+        peers = await others(self._etcd, self._prefix, self._node)
         async with httpx.AsyncClient(timeout=ASK_TIMEOUT_S) as client:
             answers = await asyncio.gather(*(client.get(
                 f"{p.url}{wire.INTERNAL_PREFIX}/volume-users/{volume_id}",
