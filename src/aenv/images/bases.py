@@ -23,6 +23,7 @@ from aenv.images import export, familiar
 from aenv.images.reference import Reference
 from aenv.images.templates import image_cache
 from aenv.orchestrator.builder import build_template
+from aenv.storage.snapshots import SnapshotNotFound
 from aenv.storage.templates import Template, TemplateMissing
 
 MINIMAL, FAMILIAR = "base-minimal", "base"
@@ -70,6 +71,21 @@ async def minimal(rt: Any, name: str, force: bool, progress: Callable[[str], Non
         cache = image_cache(rt.cfg)
         with cache.locked():
             cache.local.drop(familiar.FAMILIAR_IMAGES)
+        _drop_minimal(rt, progress)
+
+
+def _drop_minimal(rt: Any, progress: Callable[[str], None]) -> None:
+    """The `base-minimal` of an earlier full setup goes: `base` is that Debian now, and the
+    image name it was exported under names `base`'s export. Kept, it would pin its old
+    export's blobs in the image cache for good (no name left to count them as local)."""
+    try:
+        old: Template = rt.catalog.get(MINIMAL)
+    except TemplateMissing:
+        return
+    rt.remove_template(MINIMAL)
+    with contextlib.suppress(SnapshotNotFound):
+        rt.snapshots.delete(old.snapshot_id)  # its sandboxes keep their reflinked files
+    progress(f"removed template {MINIMAL}: {FAMILIAR} is the minimal Debian now")
 
 
 def plan_familiar(rt: Any, force: bool, progress: Callable[[str], None]) -> FamiliarPlan | None:
