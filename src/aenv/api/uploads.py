@@ -55,6 +55,7 @@ async def handle(store: ContextStore | None, scope: dict[str, Any], receive: Any
         return await fail(401, "the upload URL is invalid or has expired: ask for a new one")
     staged = store.staging(files_hash)
     size = 0
+    failure: tuple[int, str] | None = None
     try:
         fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -66,17 +67,22 @@ async def handle(store: ContextStore | None, scope: dict[str, Any], receive: Any
                 size += len(chunk)
                 if size > store.max_bytes:
                     await _drain(receive, msg, store.max_bytes + DRAIN_BYTES)
-                    return await fail(413, f"the build context exceeds {store.max_bytes} bytes")
+                    failure = (413, f"the build context exceeds {store.max_bytes} bytes")
+                    break
                 f.write(chunk)
                 if not msg.get("more_body", False):
                     break
-        try:
-            store.commit(staged, files_hash)
-        except ContextError as e:
-            return await fail(400, str(e))
+        if failure is None:
+            try:
+                store.commit(staged, files_hash)
+            except ContextError as e:
+                failure = (400, str(e))
     finally:
         with contextlib.suppress(FileNotFoundError):
             staged.unlink()
+    # Answered only now: a client that sees the answer finds nothing of its upload left.
+    if failure is not None:
+        return await fail(*failure)
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", b"0")]})  # fmt: skip
     await send({"type": "http.response.body", "body": b""})
