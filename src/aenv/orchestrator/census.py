@@ -528,6 +528,14 @@ def _vm_explained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, Sandbo
     return inst in alive and (st is S.PAUSED or owner.startswith(UNRECORDED_VMS))
 
 
+def _slot_changing(link: Resource) -> bool:
+    """Whether a host link the census saw without its slot namespace belongs to a slot
+    made between its two reads: namespaces are read first, links after, and a slot is made
+    namespace first, link after (taken down link first), so that slot's namespace is
+    there when looked at again."""
+    return ns.netns_path(link.owner).exists()
+
+
 def _unexplained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, SandboxState]],
                  alive: set[str], strict: bool) -> str | None:  # fmt: skip
     """Why r is a leak, or None."""
@@ -543,6 +551,8 @@ def _unexplained(c: Census, r: Resource, recs: Mapping[str, Mapping[str, Sandbox
         return None if live else "its node is not running"
     if kind == "link":
         has_ns = any(x.name == r.owner for x in c.of("netns", inst))
+        if live and not has_ns and _slot_changing(r):
+            return None
         return None if live and has_ns else "no slot namespace of a running node"
     if kind in ("tap", "nft", "loop", "mount"):
         return "aenv never leaves this behind"
