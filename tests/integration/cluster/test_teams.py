@@ -68,7 +68,10 @@ async def test_what_one_node_makes_every_other_knows_and_revocation_reaches_all(
         await _soon(lambda: not any(t.name == "blue" for t in a.teams()), "the delete on a")
         with pytest.raises(TeamNotFound):
             a.team(team.team_id)
-        assert [k.key_id for k in a.keys(team_ref=None)] == [NODE_KEY_ID]  # its keys went too
+        # its keys went too (their deletes reach a by the watch, after the team's)
+        await _soon(lambda: [k.key_id for k in a.keys(team_ref=None)] == [NODE_KEY_ID],
+                    "the keys' deletes on a")
+        assert [k.key_id for k in a.keys(team_ref=None)] == [NODE_KEY_ID]
         await a.create_team("blue")  # the name is free again
     finally:
         await a.stop()
