@@ -6,7 +6,9 @@ UV    := .uv/bin/uv
 
 .PHONY: run test setup host-deps venv artifacts unit integration e2e lint bench clean
 
-run: setup
+# Serves once base-minimal is ready; a missing familiar `base` is made by the node meanwhile.
+run: host-deps venv
+	$(AENV) setup --defer-base
 	$(AENV) server
 
 test: setup

@@ -137,6 +137,12 @@ class Config(BaseModel):
 
     default_shape: MachineShape = MachineShape()
     default_template: str = "base"
+    # A node whose default template is `base` and has none makes the familiar one in the
+    # background while it serves (images/bases.py); false: only `aenv setup` makes it.
+    build_base: bool = True
+    # A create naming a template that is being built, pulled or fetched waits this long for
+    # it, then gets 503 with Retry-After (below the E2B SDK's 60 s request timeout).
+    template_wait_s: float = Field(30.0, ge=0, le=3600)
 
     # Jail: each QEMU runs as uid/gid jail_uid_base + slot index (no /etc/passwd entries).
     jail_uid_base: int = 880000
@@ -307,6 +313,8 @@ _SIMPLE_ENV = {
     "QEMU_BINARY": "qemu_binary",
     "KERNEL_PATH": "kernel_path",
     "DEFAULT_TEMPLATE": "default_template",
+    "BUILD_BASE": "build_base",
+    "TEMPLATE_WAIT_S": "template_wait_s",
     "MAX_SANDBOXES": "max_sandboxes",
     "HOT_PAUSE_S": "hot_pause_s",
     "HOT_RELEASE_DELAY_S": "hot_release_delay_s",

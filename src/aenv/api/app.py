@@ -38,10 +38,12 @@ from aenv.api.lifespan import lifespan
 from aenv.api.proxy import DataPlaneProxy
 from aenv.api.relay import send_json
 from aenv.config import Config
+from aenv.images import bases
 from aenv.images.builds import Builds
 from aenv.images.context import ContextStore
 from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
+from aenv.orchestrator.pending import PendingTemplates
 from aenv.orchestrator.service import Orchestrator
 
 if TYPE_CHECKING:
@@ -113,7 +115,10 @@ class Node:
         self.orchestrator = Orchestrator(config, self.runtime)
         self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain,
                                     resolve=self.orchestrator.route_for_paused)  # fmt: skip
-        self.builds = _builds(config, self.runtime)
+        self.builds = _builds(config, self.runtime, self.orchestrator.pending)
+        # The node's own `base`, made while it serves if it has none (images/bases.py).
+        self.base = (bases.InBackground(self.runtime, self.orchestrator.pending)
+                     if self.builds is not None else None)  # fmt: skip
         self.api = build_api(self)
         self._health = _HEALTH
         self._started = False
@@ -142,6 +147,8 @@ class Node:
              "accelerator": accel() if callable(accel) else None},
             separators=(",", ":")).encode()
         self._started = True
+        if self.base is not None:
+            self.base.start()
 
     def begin_shutdown(self) -> None:
         self.orchestrator.begin_shutdown()
@@ -150,6 +157,8 @@ class Node:
         try:
             if self.membership is not None:  # leave the cluster first: no new placements
                 await self.membership.leave()
+            if self.base is not None:
+                await self.base.close()
             if self.builds is not None:
                 await self.builds.close()  # their VMs go before the runtime does
             await self.orchestrator.close()
@@ -226,12 +235,12 @@ class Node:
 _HEALTH = b'{"status":"ok"}'
 
 
-def _builds(config: Config, runtime: Runtime) -> Builds | None:
+def _builds(config: Config, runtime: Runtime, pending: PendingTemplates) -> Builds | None:
     """Template builds need build VMs: the real runtime only (not the fake one)."""
     if not hasattr(runtime, "snapshot_build"):
         return None
     contexts = ContextStore(config.images_dir / "contexts", config.build_context_max_bytes)
-    return Builds(config, runtime, contexts)
+    return Builds(config, runtime, contexts, pending)
 
 
 async def _send_bytes(send: Any, status: int, body: bytes) -> None:

@@ -16,6 +16,7 @@ from aenv.api.apierror import ApiError
 from aenv.api.auth import principal_of
 from aenv.machines.api import RuntimeError_
 from aenv.orchestrator.errors import CapacityExhausted, OrchestratorError, TeamLimitReached
+from aenv.orchestrator.pending import TemplateNotReady
 
 log = logging.getLogger("aenv.api")
 
@@ -53,7 +54,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OrchestratorError)
     async def _orch_error(request: Request, exc: OrchestratorError) -> JSONResponse:
         headers = None
-        if isinstance(exc, CapacityExhausted):
+        if isinstance(exc, CapacityExhausted | TemplateNotReady):
             headers = {"Retry-After": str(exc.retry_after_s)}
         elif isinstance(exc, TeamLimitReached):
             headers = {"Should-Retry": "false"}  # waiting does not help: fail fast

@@ -46,8 +46,26 @@ async def list_templates(request: Request) -> list[Template]:
     team = team_of(request)
     seen = [t for t in _orch(request).templates(usage=True) if names.visible(t.template_id, team)]
     own = {names.shown(t.template_id) for t in seen if names.SEP in t.template_id}
-    return [_template(t) for t in seen
-            if names.SEP in t.template_id or t.template_id not in own]  # fmt: skip
+    out = [_template(t) for t in seen
+           if names.SEP in t.template_id or t.template_id not in own]  # fmt: skip
+    return out + _on_its_way(_orch(request), team, {t.templateID for t in out})
+
+
+def _on_its_way(orch: Orchestrator, team: str, listed: set[str]) -> list[Template]:
+    """Templates being made (orchestrator.pending) that are not in the catalog yet: shown as
+    `building` (an E2B build status), in the node's default shape."""
+    shape, out = orch.config.default_shape, []
+    for p in orch.pending.all():
+        name = p.names[0]
+        if not names.visible(name, team) or names.shown(name) in listed:
+            continue
+        listed.add(names.shown(name))
+        out.append(Template(
+            templateID=names.shown(name), buildID="", cpuCount=shape.vcpus,
+            memoryMB=shape.memory_mib, diskSizeMB=shape.disk_mib, public=names.SEP not in name,
+            aliases=[], names=[names.shown(name)], createdAt=p.since, updatedAt=p.since,
+            envdVersion="", buildStatus="building", source=p.status()))
+    return out
 
 
 @router.get("/templates/aliases/{alias:path}", operation_id="getTemplateByAlias")

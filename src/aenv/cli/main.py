@@ -127,22 +127,24 @@ def gateway(
 
 
 # `aenv setup` lives in src/aenv/cli/setup.py; this wrapper only defers its (slow) imports.
-# tests/cli/test_cli_unit.py checks that the two signatures stay the same.
 @app.command()
 def setup(
     template: list[str] = typer.Option(  # noqa: B008
         ["base"], "--template", "-t",
-        help="NAME[=RECIPE] to build (recipes: debian, busybox; `base` alone: the familiar base)",
-    ),
+        help="NAME[=RECIPE] to build (recipes: debian, familiar, busybox; `base` alone: "
+             "the familiar base beside base-minimal)"),
     force: bool = typer.Option(False, help="rebuild templates even if up to date"),
     minimal_base: bool = typer.Option(
         False, envvar="AENV_MINIMAL_BASE",
-        help="make `base` the minimal Debian (quick; CI) instead of the familiar base built on it"),
+        help="make `base` the minimal Debian instead of the familiar base built on it"),
+    defer_base: bool = typer.Option(
+        False, help="leave a missing familiar `base` to the node, which makes it once it "
+                    "serves (`make run`)"),
 ) -> None:
     """Prepare this host: data filesystem, guest kernel, tools drive, templates."""
     from aenv.cli.setup import setup as run_setup
 
-    run_setup(template=template, force=force, minimal_base=minimal_base)
+    run_setup(template=template, force=force, minimal_base=minimal_base, defer_base=defer_base)
 
 
 if __name__ == "__main__":

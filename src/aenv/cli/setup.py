@@ -13,17 +13,17 @@ from typing import TypeVar
 import typer
 
 from aenv import config as config_mod
-from aenv.api.auth import resolve_api_key
 from aenv.cli.output import build_progress
-from aenv.images import bases, familiar
-from aenv.images.familiar import FamiliarError
+from aenv.images import bases
 from aenv.images.registry import RegistryError
 from aenv.machines.runtime import Runtime
-from aenv.orchestrator.builder import BuildError, build_template
+from aenv.orchestrator.builder import BuildError, build_template, kernel_path
 from aenv.orchestrator.reclaim import reclaim_runtime
 from aenv.storage.datafs import DataFsError
-from aenv.storage.kernel import KernelBuildError
+from aenv.storage.kernel import KernelBuildError, is_built
+from aenv.storage.packages import PackagesError
 from aenv.storage.rootfs import RootfsError
+from aenv.storage.tools import ensure_tools
 from aenv.vmm.base import VmmError
 
 T = TypeVar("T")
@@ -39,48 +39,50 @@ async def _in_runtime(cfg: config_mod.Config, work: Callable[[Runtime], Awaitabl
         await rt.close()
 
 
-async def _base(cfg: config_mod.Config, minimal_base: bool, force: bool,
-                say: Callable[[str], None]) -> None:
-    """`base`: the minimal Debian itself, or the familiar build on it (images.bases)."""
+async def _prepare(cfg: config_mod.Config, rootfs: list[tuple[str, str]],
+                   say: Callable[[str], None]) -> None:  # fmt: skip
+    """The guest kernel, the tools drive and the base templates' root filesystems at once:
+    debootstrap and apt mostly wait on the network and the disk while the kernel compiles."""
+    await asyncio.gather(
+        asyncio.to_thread(kernel_path, cfg, say),
+        asyncio.to_thread(ensure_tools, cfg.artifacts_dir, say),
+        asyncio.to_thread(bases.prepare_rootfs, cfg, rootfs, say),
+    )
+
+
+async def _base(cfg: config_mod.Config, minimal_base: bool, defer_base: bool, force: bool,
+                say: Callable[[str], None]) -> None:  # fmt: skip
+    """`base`: the minimal Debian itself, or the familiar base beside `base-minimal`
+    (images.bases). `defer_base`: the node makes a missing familiar `base` once it serves."""
     if minimal_base:
+        await _prepare(cfg, [(bases.FAMILIAR, bases.RECIPES[bases.MINIMAL])], say)
         await _in_runtime(cfg, lambda rt: bases.minimal(rt, bases.FAMILIAR, force, say))
         return
-
-    async def first(rt: Runtime) -> bases.FamiliarPlan | None:
-        await bases.minimal(rt, bases.MINIMAL, force, say)
-        return await asyncio.to_thread(bases.plan_familiar, rt, force, say)
-
-    plan = await _in_runtime(cfg, first)
-    try:
-        if plan is not None:  # the build API needs a serving node: this host's, for a while
-            log_file = cfg.run_dir / "familiar-build.log"
-            say(f"building {bases.FAMILIAR} through the template build API (node log: "
-                f"{log_file})")
-            api_key = resolve_api_key(cfg)
-
-            def build() -> None:
-                with familiar.serving_node(log_file) as url:
-                    familiar.build(plan.context, bases.FAMILIAR, url, api_key, say)
-
-            await asyncio.to_thread(build)
-
-        async def last(rt: Runtime) -> None:
-            await asyncio.to_thread(bases.finish_familiar, rt, plan, say)
-
-        await _in_runtime(cfg, last)
-    finally:
-        if plan is not None:
-            plan.work.cleanup()
+    have_base = (cfg.templates_dir / bases.FAMILIAR / "template.json").exists()
+    defer = defer_base and not have_base
+    rootfs = [(bases.MINIMAL, bases.RECIPES[bases.MINIMAL])]
+    # Deferred, the familiar root filesystem is made here only while a kernel compiles
+    # anyway; otherwise the node makes it while it serves.
+    if not defer or not (cfg.kernel_path or is_built(cfg.artifacts_dir)):
+        rootfs.append((bases.FAMILIAR, bases.RECIPES[bases.FAMILIAR]))
+    await _prepare(cfg, rootfs, say)
+    await _in_runtime(cfg, lambda rt: bases.minimal(rt, bases.MINIMAL, force, say))
+    if defer:
+        say(f"template {bases.FAMILIAR}: the node makes it once it serves (meanwhile "
+            f"`aenv template ls` shows it building, and creates of it wait for it)")
+        return
+    await _in_runtime(cfg, lambda rt: bases.familiar(rt, force, say))
 
 
-async def _setup(templates: list[str], force: bool, minimal_base: bool) -> None:
+async def _setup(templates: list[str], force: bool, minimal_base: bool,
+                 defer_base: bool) -> None:  # fmt: skip
     cfg = config_mod.load()
     say, stop = build_progress()  # a spinner on a terminal, timestamped lines otherwise
     try:
         for spec in templates:
             name, _, recipe = spec.partition("=")
             if name == bases.FAMILIAR and not recipe:
-                await _base(cfg, minimal_base, force, say)
+                await _base(cfg, minimal_base, defer_base, force, say)
                 continue
             await _in_runtime(cfg, lambda rt, n=name, r=recipe: build_template(
                 rt, n, r or n, progress=say, force=force))  # fmt: skip
@@ -88,22 +90,12 @@ async def _setup(templates: list[str], force: bool, minimal_base: bool) -> None:
         stop()
 
 
-def setup(
-    template: list[str] = typer.Option(  # noqa: B008
-        ["base"], "--template", "-t",
-        help="NAME[=RECIPE] to build (recipes: debian, busybox; `base` alone: the familiar base)",
-    ),
-    force: bool = typer.Option(False, help="rebuild templates even if up to date"),
-    minimal_base: bool = typer.Option(
-        False, envvar="AENV_MINIMAL_BASE",
-        help="make `base` the minimal Debian (quick; CI) instead of the familiar base built on it"),
-) -> None:
+def setup(template: list[str], force: bool, minimal_base: bool, defer_base: bool) -> None:
     """Prepare this host: data filesystem, guest kernel, tools drive, templates."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the build polls its status
     try:
-        asyncio.run(_setup(template, force, minimal_base))
+        asyncio.run(_setup(template, force, minimal_base, defer_base))
     except (BuildError, KernelBuildError, RootfsError, DataFsError, VmmError, RegistryError,
-            FamiliarError) as e:
+            PackagesError) as e:
         print(f"aenv setup: {e}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -52,7 +52,8 @@ def ls(as_json: JsonOpt = None) -> None:
             str(t.get("cpuCount", "")),
             f"{t.get('memoryMB', '')} MiB",
             f"{t.get('diskSizeMB', '')} MiB",
-            t.get("envdVersion", ""),
+            t.get("envdVersion", "") or "-",
+            t.get("buildStatus") or "ready",
             output.ago(t.get("createdAt")),
             t.get("source") or "-",
             output.size(int(t.get("sizeBytes") or 0)) if t.get("sizeBytes") else "-",
@@ -61,8 +62,8 @@ def ls(as_json: JsonOpt = None) -> None:
         for t in items
     ]
     output.print_table(
-        ["TEMPLATE", "ALIASES", "CPU", "MEMORY", "DISK", "ENVD", "BUILT", "SOURCE", "SIZE",
-         "SHARED"], rows
+        ["TEMPLATE", "ALIASES", "CPU", "MEMORY", "DISK", "ENVD", "STATUS", "BUILT", "SOURCE",
+         "SIZE", "SHARED"], rows
     )
 
 

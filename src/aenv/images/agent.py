@@ -123,6 +123,13 @@ class BuildAgent:
         except ValueError:
             return AgentError(body[:200].decode(errors="replace"))
 
+    async def forget_token(self) -> None:
+        """The agent drops its access token: a template's snapshot holds no build secret, and
+        every sandbox made from it gets its own token from its own `/init`."""
+        r = await self.http.post("/init", json={"accessToken": None})
+        if r.status_code >= 300:
+            raise self._error(r.content)
+
     async def write(self, path: str, data: bytes | Path, *, user: str = "root") -> None:
         """`data`, or the file at that host path (streamed: layers may be large)."""
         headers = {"Content-Type": "application/octet-stream", "Authorization": _basic(user)}

@@ -1,46 +1,40 @@
-"""The node's base templates, as `aenv setup` makes them.
+"""The node's base templates, as `aenv setup` (and a node that lacks its `base`) make them.
 
-- The minimal Debian (debootstrap; `base-minimal`, or `base` itself with `--minimal-base`)
-  is exported as the node-local image `localhost/aenv/base-minimal`.
-- The familiar `base` (`images.familiar`) is built from that image through the template
-  build API, then exported as `localhost/aenv/base` and as the offline `e2bdev/base`.
+- `base-minimal`: the minimal Debian (recipe `debian`), exported as the node-local image
+  `localhost/aenv/base-minimal`.
+- `base`: the familiar base (recipe `familiar`: that Debian plus what E2B's base image gives,
+  Python with pip, Node.js with npm, a compiler toolchain), exported as `localhost/aenv/base`
+  and as the offline `e2bdev/base`. With `--minimal-base`, `base` is the minimal Debian.
 
-Exports and the familiar build are skipped when what they were made from has not changed.
-The familiar build needs a serving node, so it runs between two runtimes (`cli.setup`).
+Both are made on the host from Debian's signed packages (`storage.rootfs`, package code
+confined by `storage.confined`), then booted and snapshotted as any recipe template. Builds
+and exports are skipped when what they were made from has not changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from aenv.images import export, familiar
-from aenv.images.reference import Reference
+from aenv.config import Config
+from aenv.images import export
+from aenv.images.reference import Reference, parse
 from aenv.images.templates import image_cache
-from aenv.orchestrator.builder import build_template
+from aenv.orchestrator.builder import build_rootfs, build_template
+from aenv.orchestrator.pending import PendingTemplates
+from aenv.storage import children
 from aenv.storage.snapshots import SnapshotNotFound
 from aenv.storage.templates import Template, TemplateMissing
 
+log = logging.getLogger("aenv.images")
 MINIMAL, FAMILIAR = "base-minimal", "base"
-KEY_FILE = "familiar.key"
+MINIMAL_IMAGE = parse("localhost/aenv/base-minimal")
+FAMILIAR_IMAGES = [parse("e2bdev/base"), parse("localhost/aenv/base")]
+RECIPES = {MINIMAL: "debian", FAMILIAR: "familiar"}
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@dataclass
-class FamiliarPlan:
-    """A familiar build to run: its context (Dockerfile + debs/) and the key it will meet."""
-
-    work: tempfile.TemporaryDirectory[str]
-    key: str
-
-    @property
-    def context(self) -> Path:
-        return Path(self.work.name)
 
 
 def export_as(rt: Any, name: str, refs: list[Reference],
@@ -63,15 +57,30 @@ def export_as(rt: Any, name: str, refs: list[Reference],
     progress(f"image {refs[0]}: {digest}")
 
 
+def prepare_rootfs(cfg: Config, which: list[tuple[str, str]],
+                   progress: Callable[[str], None]) -> None:  # fmt: skip
+    """The root filesystems of templates `which` (name, recipe), cached, made before their
+    kernel is there: made while it compiles, they cost no time of their own."""
+    for name, recipe in which:
+        build_rootfs(cfg, name, recipe, cfg.default_shape.disk_mib, progress)
+
+
 async def minimal(rt: Any, name: str, force: bool, progress: Callable[[str], None]) -> None:
-    await build_template(rt, name, "debian", progress=progress, force=force)
-    # tar and umoci take seconds: off the event loop, as finish_familiar's export is.
-    await asyncio.to_thread(export_as, rt, name, [familiar.MINIMAL_IMAGE], progress)
+    """The minimal Debian as template `name` (`base-minimal`, or `base` itself)."""
+    await build_template(rt, name, RECIPES[MINIMAL], progress=progress, force=force)
+    # tar and umoci take seconds: off the event loop.
+    await asyncio.to_thread(export_as, rt, name, [MINIMAL_IMAGE], progress)
     if name == FAMILIAR:  # `base` is the minimal one now: no familiar image stands for it
         cache = image_cache(rt.cfg)
         with cache.locked():
-            cache.local.drop(familiar.FAMILIAR_IMAGES)
+            cache.local.drop(FAMILIAR_IMAGES)
         _drop_minimal(rt, progress)
+
+
+async def familiar(rt: Any, force: bool, progress: Callable[[str], None]) -> None:
+    """The familiar `base`, and its images."""
+    await build_template(rt, FAMILIAR, RECIPES[FAMILIAR], progress=progress, force=force)
+    await asyncio.to_thread(export_as, rt, FAMILIAR, FAMILIAR_IMAGES, progress)
 
 
 def _drop_minimal(rt: Any, progress: Callable[[str], None]) -> None:
@@ -88,51 +97,52 @@ def _drop_minimal(rt: Any, progress: Callable[[str], None]) -> None:
     progress(f"removed template {MINIMAL}: {FAMILIAR} is the minimal Debian now")
 
 
-def plan_familiar(rt: Any, force: bool, progress: Callable[[str], None]) -> FamiliarPlan | None:
-    """The familiar build to run, or None when `base` is already that build."""
-    low: Template = rt.catalog.get(MINIMAL)
-    disk = rt.snapshots.file(low.snapshot_id, "disk")
-    work = tempfile.TemporaryDirectory(dir=rt.cfg.images_dir, prefix=".familiar-")
-    try:
+class InBackground:
+    """A node whose default template is `base` and has none makes the familiar one while it
+    serves (`make run` serves once `base-minimal` is ready). Meanwhile `base` is pending: a
+    create of it waits, then gets 503 with Retry-After (`orchestrator.pending`)."""
+
+    STOP_WAIT_S = 60.0  # a stopping node lets a boot or an export end before it cancels
+
+    def __init__(self, rt: Any, pending: PendingTemplates) -> None:
+        self.rt = rt
+        self.pending = pending
+        self.children = children.Children()
+        self.task: asyncio.Task[None] | None = None
+        self._status = "starting"
+
+    def wanted(self) -> bool:
+        if self.rt.cfg.default_template != FAMILIAR or not self.rt.cfg.build_base:
+            return False
         try:
-            key = familiar.build_key(low.snapshot_id,
-                                     familiar.resolve_packages(disk, Path(work.name)))
-        except familiar.FamiliarError as e:
-            if not _built(rt):
-                raise
-            progress(f"keeping template {FAMILIAR} as it is: {e}")  # an offline host
-            work.cleanup()
-            return None
-        if not force and _built(rt) == key:
-            progress(f"template {FAMILIAR} is up to date")
-            work.cleanup()
-            return None
-        progress(f"downloading the familiar base's packages ({', '.join(familiar.PACKAGES)})")
-        debs = familiar.download_packages(disk, Path(work.name))
-        familiar.write_context(Path(work.name))
-        progress(f"{len(debs)} packages to install into {FAMILIAR}")
-        return FamiliarPlan(work, key)
-    except BaseException:
-        work.cleanup()
-        raise
+            self.rt.catalog.get(FAMILIAR)
+            return False
+        except TemplateMissing:
+            return True
 
+    def start(self) -> None:
+        if self.wanted():
+            self.task = asyncio.create_task(self._run())
 
-def _built(rt: Any) -> str | None:
-    """The key of the familiar build `base` is, if it is one and its snapshot is here."""
-    with contextlib.suppress(TemplateMissing, OSError):
-        t: Template = rt.catalog.get(FAMILIAR)
-        if t.recipe == "build" and rt.has_snapshot(t.snapshot_id):
-            return (rt.catalog.dir(FAMILIAR) / KEY_FILE).read_text().strip()
-    return None
+    async def _run(self) -> None:
+        def progress(message: str) -> None:
+            self._status = message
+            log.info("base: %s", message)
 
+        with self.pending.making([FAMILIAR], "build", lambda: self._status):
+            try:
+                with children.stoppable(self.children):
+                    await familiar(self.rt, False, progress)
+            except children.Stopped:
+                log.info("base: the node stopped before its build ended")
+            except Exception:
+                log.exception("base: the build failed (`aenv setup` builds it again)")
 
-def finish_familiar(rt: Any, plan: FamiliarPlan | None, progress: Callable[[str], None]) -> None:
-    """After the build: export `base`, note what it was built from, drop the rootfs files
-    a recipe-built `base` of an older install left (a build's disk is its snapshot's)."""
-    t: Template = rt.catalog.get(FAMILIAR)
-    if plan is not None:
-        (rt.catalog.dir(FAMILIAR) / KEY_FILE).write_text(plan.key + "\n")
-    if t.recipe == "build":
-        for old in rt.catalog.dir(FAMILIAR).glob("rootfs-*.ext4"):
-            old.unlink(missing_ok=True)
-    export_as(rt, FAMILIAR, familiar.FAMILIAR_IMAGES, progress)
+    async def close(self) -> None:
+        if self.task is None or self.task.done():
+            return
+        self.children.stop()  # a debootstrap or apt ends now; its staging directory goes
+        await asyncio.wait({self.task}, timeout=self.STOP_WAIT_S)
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task

@@ -29,6 +29,7 @@ from aenv.images.context import ContextStore
 from aenv.images.finalize import NotReady, build_egress, settle, start_and_wait
 from aenv.images.stepcache import CacheEntry, StepCache, StepState
 from aenv.images.steps import BuildSpec, Step, StepError, base_key, chain, resolve
+from aenv.orchestrator.pending import PendingTemplates
 from aenv.storage.files import write_json_atomic
 from aenv.storage.snapshots import now_rfc3339
 
@@ -82,10 +83,13 @@ class Build:
 class Builds:
     """The node's template builds. `runtime` is the node's Runtime."""
 
-    def __init__(self, cfg: Config, runtime: Any, contexts: ContextStore) -> None:
+    def __init__(self, cfg: Config, runtime: Any, contexts: ContextStore,
+                 pending: PendingTemplates | None = None) -> None:
         self.cfg = cfg
         self.rt = runtime
         self.contexts = contexts
+        # A create naming a template a build is making waits for it (orchestrator.pending).
+        self.pending = pending if pending is not None else PendingTemplates(0)
         self.root = cfg.images_dir / "builds"
         self.root.mkdir(parents=True, exist_ok=True)
         self.cache = StepCache(cfg.images_dir / "step-cache")
@@ -172,7 +176,9 @@ class Builds:
         b.status = "building"  # at once: the SDK's build_in_background reads it right away
         self._save(b)
         self._copying[b.build_id] = {s.filesHash for s in spec.steps if s.filesHash}
-        self._tasks[b.build_id] = asyncio.create_task(self._run(b, spec))
+        task = self._tasks[b.build_id] = asyncio.create_task(self._run(b, spec))
+        self.pending.track([*b.names, *(f"{n}:{t}" for n in b.names for t in b.tags)], "build",
+                           lambda: _status(b), task)  # fmt: skip
 
     async def cancel(self, b: Build) -> None:
         task = self._tasks.get(b.build_id)
@@ -320,6 +326,7 @@ class Builds:
                     stepgc.release(self.cache, self.rt.snapshots, [old], self._in_use())
             await self._finalize(b, agent, spec, state)
             await settle(agent, lambda m: self._log(b, m, step="finalize"))
+            await agent.forget_token()  # the build's token stays out of the template
             final = f"tpl-{b.template_id}-{b.build_id[:8]}-{secrets.token_hex(3)}"
             await self.rt.snapshot_build(vm, final, b.template_id)
         finally:
@@ -393,6 +400,11 @@ class Builds:
                                  lambda m: self._log(b, m, step="finalize"))  # fmt: skip
         except NotReady as e:
             raise BuildFailed(str(e), "finalize") from None
+
+
+def _status(b: Build) -> str:
+    last = b.logs[-1].message if b.logs else b.status
+    return f"build {b.build_id}: {last[:200]}"
 
 
 def _q(s: str) -> str:

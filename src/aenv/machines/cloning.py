@@ -240,8 +240,8 @@ class Cloning:
             await m.vm.restore(src / "state")
             await m.vm.resume()
             url = m.slot.url(AGENT_PORT)
-            # A token of its own: a template built through the build API keeps its build's
-            # token in its agent. The sandbox's /init replaces it.
+            # A token of its own while it is warmed; the sandbox's /init replaces (or clears)
+            # it. Templates built before builds dropped theirs still hold a token.
             token = secrets.token_hex(24)
             warm_init = {"timestamp": now_rfc3339(), "accessToken": token,
                          "aenvEntropy": base64.b64encode(secrets.token_bytes(64)).decode()}

@@ -376,9 +376,9 @@ class Runtime(Pausing, Cloning, Adopting):
             "defaultUser": init.default_user,
             "timestamp": now_rfc3339(),
             "aenvEntropy": base64.b64encode(secrets.token_bytes(64)).decode(),
+            # Always: none clears a token the snapshot's agent holds (a primed VM's own).
+            "accessToken": init.access_token or None,
         }
-        if init.access_token:
-            body["accessToken"] = init.access_token
         if init.default_workdir:
             body["defaultWorkdir"] = init.default_workdir
         if init.volumes:

@@ -30,7 +30,7 @@ from aenv.storage.tools import ensure_tools
 
 log = logging.getLogger(__name__)
 # Bump a recipe's version when its output changes: its cached rootfs images go stale.
-RECIPE_VERSIONS = {"debian": "2", "busybox": "2"}  # debian 2: `python` (python-is-python3)
+RECIPE_VERSIONS = {"debian": "2", "familiar": "1", "busybox": "2"}  # debian 2: `python`
 
 
 class BuildError(Exception):

@@ -107,8 +107,17 @@ class Forking:
 
     async def _resolve(self, name: str, team_id: str | None = None) -> TemplateInfo:
         """`resolve_template`, then the cluster: a snapshot another node or the snapshot
-        store has is fetched here first."""
-        info = await self._in_cluster(name, team_id, self.resolve_template)
+        store has is fetched here first. A template on its way (built, pulled, fetched) is
+        waited for, within the node's bound (`pending`: 503 past it)."""
+        try:
+            info = await self._in_cluster(name, team_id, self.resolve_template)
+        except TemplateNotFound:
+            on_its_way = self.pending.find(names.candidates(name, team_id) if team_id
+                                           else [name])  # fmt: skip
+            if on_its_way is None:
+                raise
+            await self.pending.wait(on_its_way)
+            info = await self._in_cluster(name, team_id, self.resolve_template)
         if info.fetched and self.shared is not None:
             self.shared.used(info.build_id)
         return info

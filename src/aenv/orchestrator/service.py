@@ -35,6 +35,7 @@ from aenv.orchestrator.locks import Joiner, SandboxLocks
 from aenv.orchestrator.networking import Networking
 from aenv.orchestrator.observing import Observing
 from aenv.orchestrator.pausing import Pausing
+from aenv.orchestrator.pending import PendingTemplates
 from aenv.orchestrator.requests import (
     AUTO_PAUSE_RETRY_S,
     MAX_REFRESH_S,
@@ -91,6 +92,8 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         self._started = False
         self._closing = False
         self._snap_refs = snaps.SnapshotRefs()
+        # Templates on their way (builds, pulls, fetches): creates naming them wait.
+        self.pending = PendingTemplates(config.template_wait_s)
         self.shared: snaps.Shared | None = None  # set by the cluster plane (cluster/node.py)
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         self.secrets: Secrets | None = None  # from start(); a cluster's replaces it

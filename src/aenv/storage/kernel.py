@@ -106,6 +106,15 @@ def kernel_cache_key(fragment_text: str | None = None, version: str | None = Non
     return f"{safe}-{fragment_hash(fragment_text)}"
 
 
+def is_built(artifacts_dir: Path) -> bool:
+    """Whether `ensure_kernel` would find its kernel in the cache (no build)."""
+    try:
+        key = kernel_cache_key()
+    except KernelBuildError:
+        return False
+    return (Path(artifacts_dir) / "kernel" / key / "bzImage").is_file()
+
+
 def ensure_kernel(
     artifacts_dir: Path,
     *,
@@ -168,12 +177,14 @@ def _build(tmp: Path, fragment: str, key: str, jobs: int, log: Callable[[str], N
     env = {**os.environ, "KBUILD_BUILD_USER": "aenv", "KBUILD_BUILD_HOST": "aenv"}
 
     def run(phase: str, *cmd: str) -> None:
+        t0 = time.monotonic()
         with build_log.open("a") as f:
             f.write(f"\n### {phase}: {' '.join(cmd)}\n")
             f.flush()
             rc = subprocess.run(
                 cmd, cwd=src, stdout=f, stderr=subprocess.STDOUT, env=env
             ).returncode
+            f.write(f"### {phase}: {time.monotonic() - t0:.1f} s\n")
         if rc != 0:
             lines = build_log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
             raise KernelBuildError(
@@ -184,7 +195,9 @@ def _build(tmp: Path, fragment: str, key: str, jobs: int, log: Callable[[str], N
     log(f"kernel: building {key} in {tmp}")
     log(f"kernel: extracting {SOURCE_TARBALL.name}")
     run("extract", "tar", "-xf", str(SOURCE_TARBALL), "-C", str(src), "--strip-components=1")
-    log("kernel: configuring tinyconfig + kvm_guest.config + kernel.fragment")
+    phase_done = time.monotonic()
+    log(f"kernel: extracted in {phase_done - started:.0f} s; configuring tinyconfig + "
+        "kvm_guest.config + kernel.fragment")
     run("tinyconfig", "make", f"ARCH={ARCH}", "tinyconfig")
     run("kvm_guest.config", "make", f"ARCH={ARCH}", "kvm_guest.config")
     # A file in arch/x86/configs/ becomes a `make <name>.config` target: merge_config.sh -m,
@@ -197,8 +210,11 @@ def _build(tmp: Path, fragment: str, key: str, jobs: int, log: Callable[[str], N
             f"kernel fragment options missing from the final .config ({len(problems)}; "
             "a dependency is off or the symbol no longer exists): " + "; ".join(problems)
         )
-    log(f"kernel: compiling bzImage with -j{jobs} (output in {build_log})")
+    log(f"kernel: configured in {time.monotonic() - phase_done:.0f} s; compiling bzImage "
+        f"with -j{jobs} (output in {build_log})")
+    phase_done = time.monotonic()
     run("bzImage", "make", f"-j{jobs}", f"ARCH={ARCH}", "bzImage")
+    log(f"kernel: compiled in {time.monotonic() - phase_done:.0f} s")
     shutil.copy2(src / "arch/x86/boot/bzImage", out / "bzImage")
     shutil.copy2(src / "vmlinux", out / "vmlinux")  # for the Firecracker driver
     (out / ".config").write_text(config_text)

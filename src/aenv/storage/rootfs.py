@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from aenv.storage import children, confined, packages
+
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_PACKAGES = (
@@ -28,28 +30,54 @@ def run(argv: list[str], log_file: Path | None = None) -> None:
     """Run a build step; its output goes to log_file, its tail into the error."""
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
     try:
-        r = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT)
+        rc = children.run(argv, out)
     finally:
         if log_file:
             out.close()  # type: ignore[union-attr]
-    if r.returncode != 0:
+    if rc != 0:
         tail = log_file.read_text(errors="replace")[-2000:] if log_file else ""
-        raise RootfsError(f"{argv[0]} failed (exit {r.returncode}): {tail.strip()[-600:]}")
+        raise RootfsError(f"{argv[0]} failed (exit {rc}): {tail.strip()[-600:]}")
 
 
-def debian(root: Path, log_file: Path, log: Callable[[str], None]) -> None:
+def debian(root: Path, log_file: Path, log: Callable[[str], None],
+           extra: tuple[str, ...] = ()) -> None:
+    """Debian's minbase with DEBIAN_PACKAGES, then `extra` packages, all from Debian's signed
+    archive, made on the host: downloading and unpacking run no package code; configuring
+    does, and runs confined (`storage.confined`)."""
     log(f"debootstrap {DEBIAN_SUITE} (minbase) into {root}")
-    run(
-        ["debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-         DEBIAN_SUITE, str(root), DEBIAN_MIRROR],
-        log_file,
-    )
+    # --foreign: download, check and unpack only; the second stage configures, confined.
+    run(["debootstrap", "--foreign", "--variant=minbase",
+         f"--include={','.join(DEBIAN_PACKAGES)}", DEBIAN_SUITE, str(root), DEBIAN_MIRROR],
+        log_file)  # fmt: skip
+    with confined.no_services(root):
+        log("configuring the packages (confined: no network, no host processes)")
+        _confined(root, ["/debootstrap/debootstrap", "--second-stage"], log_file)
+        if extra:
+            debs = packages.download(root, extra, log_file)
+            log(f"installing {len(debs)} more packages ({', '.join(extra)})")
+            _confined(root, ["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                             "-oDpkg::Options::=--force-unsafe-io",
+                             *[f"/{d.relative_to(root)}" for d in debs]], log_file)  # fmt: skip
+            shutil.rmtree(debs[0].parent)
     _add_user(root)
     # apt caches and lists are dead weight in every clone.
     for d in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for p in (root / d).glob("*"):
             if p.is_file():
                 p.unlink()
+
+
+def familiar(root: Path, log_file: Path, log: Callable[[str], None]) -> None:
+    """What E2B's base image gives: Python 3 with pip and venv, Node.js with npm, git, curl,
+    a compiler toolchain (`packages.FAMILIAR`), on the minimal Debian."""
+    debian(root, log_file, log, packages.FAMILIAR)
+
+
+def _confined(root: Path, command: list[str], log_file: Path) -> None:
+    try:
+        confined.run(root, command, log_file)
+    except confined.ConfinedError as e:
+        raise RootfsError(str(e)) from None
 
 
 def busybox(root: Path, log_file: Path, log: Callable[[str], None]) -> None:
@@ -104,6 +132,7 @@ def _add_user(root: Path) -> None:
 
 RECIPES: dict[str, Callable[[Path, Path, Callable[[str], None]], None]] = {
     "debian": debian,
+    "familiar": familiar,
     "busybox": busybox,
 }
 
