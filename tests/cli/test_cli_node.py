@@ -1,5 +1,5 @@
 """The CLI against a node with the fake runtime (no VMs): listings, ids, errors, completion,
-auth, and the pause/resume/fork/snapshot commands (skipped while the node answers 501)."""
+auth, and the pause/resume/fork/snapshot commands."""
 
 from __future__ import annotations
 
@@ -40,11 +40,6 @@ def two(fake_node: Node) -> Iterator[list[str]]:
     with fake_node.api() as c:
         for sid in ids:
             c.delete(f"/sandboxes/{sid}")
-
-
-def skip_if_unsupported(p: subprocess.CompletedProcess[str], what: str) -> None:
-    if p.returncode != 0 and ("not implement" in p.stderr or "not supported" in p.stderr):
-        pytest.skip(f"the node does not implement {what} yet: {p.stderr.strip()}")
 
 
 # --- listings ---------------------------------------------------------------------------------
@@ -151,13 +146,12 @@ def test_timeout_sets_the_end(fake_node: Node, two: list[str]) -> None:
     assert 7000 < left.total_seconds() <= 7200
 
 
-# --- pause, resume, fork, snapshots (E2B shapes; skipped while the node answers 501) ----------
+# --- pause, resume, fork, snapshots (E2B shapes) ---------------------------------------------
 
 
 def test_pause_exec_resume(fake_node: Node, two: list[str]) -> None:
     sid = two[0]
     p = fake_node.cli("pause", sid[:8])
-    skip_if_unsupported(p, "pause")
     assert (p.returncode, p.stdout.strip()) == (0, sid), p.stderr
     paused = json.loads(fake_node.cli("ls", "--state", "paused").stdout)
     assert sid in [s["sandboxID"] for s in paused]
@@ -170,14 +164,12 @@ def test_pause_exec_resume(fake_node: Node, two: list[str]) -> None:
     assert_one_line_error(p, "paused", f"aenv resume {sid}")
 
     p = fake_node.cli("resume", sid)
-    skip_if_unsupported(p, "resume")
     assert (p.returncode, p.stdout.strip()) == (0, sid), p.stderr
     assert fake_node.cli("ls", "--state", "running", "-q").stdout.split().count(sid) == 1
 
 
 def test_fork_prints_children(fake_node: Node, two: list[str]) -> None:
     p = fake_node.cli("fork", two[0], "--count", "2")
-    skip_if_unsupported(p, "fork")
     assert p.returncode == 0, p.stderr
     children = p.stdout.split()
     try:
@@ -189,11 +181,9 @@ def test_fork_prints_children(fake_node: Node, two: list[str]) -> None:
 
 def test_snapshot_create_ls_rm(fake_node: Node, two: list[str]) -> None:
     p = fake_node.cli("snapshot", "create", two[0], "--name", "cli-snap")
-    skip_if_unsupported(p, "snapshots")
     assert p.returncode == 0, p.stderr
     snap = p.stdout.strip()
     p = fake_node.cli("snapshot", "ls")
-    skip_if_unsupported(p, "listing snapshots")
     assert snap in [s["snapshotID"] for s in json.loads(p.stdout)]
     table = fake_node.cli("snapshot", "ls", "--table").stdout.splitlines()
     assert table[0].split()[:2] == ["SNAPSHOT", "NAMES"]
@@ -202,7 +192,6 @@ def test_snapshot_create_ls_rm(fake_node: Node, two: list[str]) -> None:
     assert p.returncode == 0, p.stderr
     assert fake_node.cli("rm", p.stdout.strip()).returncode == 0
     p = fake_node.cli("snapshot", "rm", snap)
-    skip_if_unsupported(p, "removing snapshots")
     assert (p.returncode, p.stdout.strip()) == (0, snap), p.stderr
 
 
