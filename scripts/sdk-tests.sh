@@ -2,7 +2,9 @@
 # The E2B SDK's own sandbox, API, volume and secret tests (sync and async) against a node of
 # this checkout. Needs `aenv setup` and a clone or mirror of github.com/e2b-dev/E2B:
 #   bash scripts/sdk-tests.sh GIT_DIR [REV] [-- PYTEST ARGS]
-# REV defaults to the tag nearest the pinned SDK (python-sdk 2.45.1, e139fc38).
+# REV defaults to e139fc38, python-sdk 2.45.1's release in that repository: the tests come
+# from that tree, while the client they run with is the SDK pinned in pyproject.toml
+# (e2b==2.63.0, newer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/sdk-checkout.sh
