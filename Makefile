@@ -4,7 +4,7 @@ PY    := .venv/bin/python
 AENV  := .venv/bin/aenv
 UV    := .uv/bin/uv
 
-.PHONY: run test setup host-deps venv artifacts unit integration e2e lint bench clean
+.PHONY: run test test-long setup host-deps venv artifacts unit integration e2e lint bench clean
 
 # Serves once base-minimal is ready; a missing familiar `base` is made by the node meanwhile.
 run: host-deps venv
@@ -13,6 +13,10 @@ run: host-deps venv
 
 test: setup
 	bash scripts/test.sh
+
+# The cases too slow for CI: long soaks, large bursts, upstream suites (docs/testing.md).
+test-long: setup
+	bash scripts/test-long.sh
 
 setup: host-deps venv artifacts
 

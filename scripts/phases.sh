@@ -43,3 +43,4 @@ phase_report() {
   done
   return $_phase_fail
 }
+
