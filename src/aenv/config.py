@@ -1,7 +1,8 @@
 """Node configuration: embedded defaults, then an optional TOML file, then AENV_* env vars.
 
 One typed object is read once at start-up and handed down; nothing else reads the
-environment. Paths are made absolute at load time.
+environment. Paths are made absolute at load time. A bad value is a `ConfigError`: one line
+naming the setting, its value (never a secret's) and the rule (aenv.config_errors).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from aenv import faults
+from aenv.config_errors import ConfigError, Explainer, is_secret, show_value
 
 ENV_PREFIX = "AENV_"
 # A node instance name (`Config.instance`); the leak census parses names built from it.
@@ -256,7 +259,9 @@ class Config(BaseModel):
     @model_validator(mode="after")
     def _tls_pair(self) -> Config:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file go together")
+            # `fields`: the settings the error names (a model's errors have no location)
+            raise PydanticCustomError("together", "must be set together",
+                                      {"fields": ("tls_cert_file", "tls_key_file")})
         return self
 
     @field_validator("data_dir", "kernel_path", "tls_cert_file", "tls_key_file",
@@ -386,18 +391,51 @@ _STORE_ENV = {
 }
 
 
+# Each setting an environment variable sets (a table's key path -> the variable).
+ENV_NAMES: dict[tuple[str, ...], str] = {
+    **{(field,): ENV_PREFIX + suffix for suffix, field in _SIMPLE_ENV.items()},
+    ("build_egress_allow",): ENV_PREFIX + "BUILD_EGRESS_ALLOW",
+    ("registry", "mirrors"): ENV_PREFIX + "REGISTRY_MIRRORS",
+    **{("cluster", key): ENV_PREFIX + suffix for suffix, key in _CLUSTER_ENV.items()},
+    ("cluster", "etcd_endpoints"): ENV_PREFIX + "ETCD_ENDPOINTS",
+    **{("network", key): ENV_PREFIX + suffix for suffix, key in _NETWORK_ENV.items()},
+    ("network", "public_ranges"): ENV_PREFIX + "NETWORK_PUBLIC_RANGES",
+    **{("store", key): ENV_PREFIX + suffix for suffix, key in _STORE_ENV.items()},
+}
+
+
+def _read_file(file: Path, named_by: str) -> dict[str, object]:
+    try:
+        with open(file, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{named_by}: cannot read {file}: {e.strerror or e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file}: not a valid TOML file: {e}") from None
+
+
+def _table(data: dict[str, object], key: str, file: Path | None) -> dict[str, object]:
+    """The TOML table `key` (a copy; empty if absent): env vars are merged into it."""
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} in {file}: {show_value(value, is_secret((key,)))} "
+                          f"must be a table")  # fmt: skip
+    return dict(value)
+
+
 def load(
     path: Path | None = None, env: dict[str, str] | None = None, **overrides: object
 ) -> Config:
-    """Build the config. `overrides` (e.g. CLI flags) win over env, env over the file."""
+    """Build the config. `overrides` (e.g. CLI flags) win over env, env over the file.
+    Raises ConfigError, one line, for a bad value or a file that cannot be read or parsed."""
     env = dict(os.environ) if env is None else env
     data: dict[str, object] = {}
     file = path or (Path(env[ENV_PREFIX + "CONFIG"]) if ENV_PREFIX + "CONFIG" in env else None)
+    named_by = "--config" if path else ENV_PREFIX + "CONFIG"
     if file is None and DEFAULT_CONFIG_FILE.exists():
-        file = DEFAULT_CONFIG_FILE
+        file, named_by = DEFAULT_CONFIG_FILE, "the default config file"
     if file is not None:
-        with open(file, "rb") as f:
-            data.update(tomllib.load(f))
+        data.update(_read_file(file, named_by))
     for suffix, field in _SIMPLE_ENV.items():
         if ENV_PREFIX + suffix in env:
             data[field] = env[ENV_PREFIX + suffix]
@@ -408,27 +446,34 @@ def load(
         for item in filter(None, env[ENV_PREFIX + "REGISTRY_MIRRORS"].split(";")):
             prefix, _, urls = item.partition("=")
             mirrors[prefix.strip()] = _csv(urls)
-        registry = dict(data.get("registry") or {})  # type: ignore[call-overload]
+        registry = _table(data, "registry", file)
         registry["mirrors"] = mirrors
         data["registry"] = registry
-    cluster = dict(data.get("cluster") or {})  # type: ignore[call-overload]
+    cluster = _table(data, "cluster", file)
     for suffix, key in _CLUSTER_ENV.items():
         if ENV_PREFIX + suffix in env:
             cluster[key] = env[ENV_PREFIX + suffix]
     if ENV_PREFIX + "ETCD_ENDPOINTS" in env:  # "http://10.0.0.1:2379,http://10.0.0.2:2379"
         cluster["etcd_endpoints"] = _csv(env[ENV_PREFIX + "ETCD_ENDPOINTS"])
     data["cluster"] = cluster
-    network = dict(data.get("network") or {})  # type: ignore[call-overload]
+    network = _table(data, "network", file)
     for suffix, key in _NETWORK_ENV.items():
         if ENV_PREFIX + suffix in env:
             network[key] = env[ENV_PREFIX + suffix]
     if ENV_PREFIX + "NETWORK_PUBLIC_RANGES" in env:  # "198.19.0.0/16,10.9.0.0/16"
         network["public_ranges"] = _csv(env[ENV_PREFIX + "NETWORK_PUBLIC_RANGES"])
     data["network"] = network
-    store = dict(data.get("store") or {})  # type: ignore[call-overload]
+    store = _table(data, "store", file)
     for suffix, key in _STORE_ENV.items():
         if ENV_PREFIX + suffix in env:
             store[key] = env[ENV_PREFIX + suffix]
     data["store"] = store
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    return Config.model_validate(data)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    data.update(overrides)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        sources: dict[tuple[str | int, ...], str] = {
+            loc: name for loc, name in ENV_NAMES.items() if name in env}
+        sources.update({(k,): "--" + k.replace("_", "-") for k in overrides})
+        raise Explainer(data, sources, ENV_NAMES, file).explain(e.errors()) from None

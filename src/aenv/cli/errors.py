@@ -2,7 +2,9 @@
 
 A command raises `CliError("what went wrong")`; `AenvTyper.__call__` prints it as
 `aenv: what went wrong` on stderr and exits non-zero. Usage errors, Ctrl-C and unexpected
-exceptions end the same way (set AENV_DEBUG=1 for a traceback of the unexpected ones).
+exceptions end the same way (set AENV_DEBUG=1 for a traceback of the unexpected ones). A bad
+setting (`aenv.config.ConfigError`, or a `CliError` with EXIT_CONFIG) is one line naming it,
+and exit 2.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from typing import Any, NoReturn
 import click
 import typer
 
+from aenv.config_errors import ConfigError
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_CONFIG = 2  # a bad setting: nothing was started
 EXIT_INTERRUPTED = 130
 
 
@@ -112,6 +117,9 @@ class AenvTyper(typer.Typer):
         except CliError as e:
             say_error(e.message)
             _exit(e.code)
+        except ConfigError as e:
+            say_error(str(e))
+            _exit(EXIT_CONFIG)
         except click.UsageError as e:
             hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             say_error(e.format_message().rstrip(".") + hint)

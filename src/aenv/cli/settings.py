@@ -9,6 +9,9 @@ Looked up in this order (first wins), separately for the URL and the key:
    `http://<host>:<port>` and its `api_key`, else, as root, the key the node generated in
    `<data_dir>/api_key` (see `aenv.api.auth`);
 4. the URL defaults to `http://127.0.0.1:8000`.
+
+A bad URL or key is one line naming where it came from (`E2B_API_URL: 'ftp://x' must be an
+http(s) URL ...`; a key's value is never shown) and exit 2.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aenv.cli.errors import CliError
+from aenv.cli.errors import EXIT_CONFIG, CliError
+from aenv.config_errors import HIDDEN, show_value
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 URL_VARS = ("AENV_URL", "E2B_API_URL")
 KEY_VARS = ("AENV_API_KEY", "E2B_API_KEY")
+# An X-API-Key header value: printable ASCII, no spaces at either end (servers strip them).
+_KEY = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
 
 
 @dataclass(frozen=True)
@@ -119,13 +126,39 @@ def load() -> Settings:
             key, key_source = local_key, local_source
     if url is None:
         url, url_source = DEFAULT_URL, "default"
-    return Settings(normalize_url(url), key, url_source, key_source or "none")
+    if key is not None and not _KEY.fullmatch(key):
+        raise CliError(f"{_setting(key_source, 'api_key')}: {HIDDEN} must be printable ASCII "
+                       f"with no space at either end", EXIT_CONFIG)  # fmt: skip
+    return Settings(normalize_url(url, _setting(url_source, "url")), key, url_source,
+                    key_source or "none")  # fmt: skip
 
 
-def normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
+def _setting(source: str, key: str) -> str:
+    """How a message names a setting from `source` ("$E2B_API_URL", a file, the node's)."""
+    if source.startswith("$"):
+        return source[1:]
+    if source in ("default", "the node's configuration"):
+        return f"the {key} from {source}"
+    return f"{key} in {source}"  # a file
+
+
+def normalize_url(url: str, setting: str | None = None) -> str:
+    """`host:port` -> `http://host:port`, no trailing slash. A URL that is not http(s) with a
+    host is a CliError naming `setting` (the env var or file it came from), if given."""
+    import httpx
+
+    given = url
+    url = url.strip()
     if "://" not in url:
         url = "http://" + url
-    if not url.startswith(("http://", "https://")):
-        raise CliError(f"not an http(s) URL: {url}")
+    url = url.rstrip("/")
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL:
+        host = ""
+    if not url.startswith(("http://", "https://")) or not host or any(c.isspace() for c in url):
+        if setting is None:
+            raise CliError(f"not an http(s) URL: {show_value(given, False)}")
+        raise CliError(f"{setting}: {show_value(given, False)} must be an http(s) URL "
+                       f"(http[s]://host[:port])", EXIT_CONFIG)  # fmt: skip
     return url
