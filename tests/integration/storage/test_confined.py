@@ -62,7 +62,7 @@ def test_stopping_ends_a_running_step_and_refuses_the_next(tree: Path, tmp_path:
         with children.stoppable(group):
             try:
                 confined.run(tree, ["/bin/sh", "-c", "sleep 300"], tmp_path / "log")
-            except BaseException as e:  # noqa: BLE001 (the test reads it)
+            except BaseException as e:  # the test reads it
                 errors.append(e)
 
     t = threading.Thread(target=step)
