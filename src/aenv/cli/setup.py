@@ -93,6 +93,7 @@ async def _setup(templates: list[str], force: bool, minimal_base: bool,
 def setup(template: list[str], force: bool, minimal_base: bool, defer_base: bool) -> None:
     """Prepare this host: data filesystem, guest kernel, tools drive, templates."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a request per agent call
     try:
         asyncio.run(_setup(template, force, minimal_base, defer_base))
     except (BuildError, KernelBuildError, RootfsError, DataFsError, VmmError, RegistryError,
