@@ -220,6 +220,9 @@ def _demoted_by_drain(node: NodeProcess) -> bool:
     return re.search(r'^aenv_hot_demotions_total\{reason="drain"\} [1-9]', text, re.M) is not None
 
 
+# Long tier (make test-long): CI keeps a paused sandbox taken over from a killed node and a fork
+# across nodes, which move the same published state.
+@pytest.mark.long
 def test_a_sandbox_paused_by_a_drain_resumes_on_another_node(cluster: Cluster) -> None:
     """... with its volume mounted there, the same live data."""
     n0, _ = cluster.nodes
@@ -336,6 +339,7 @@ def _template_copy(cluster: Cluster, sbx: Sandbox, template: str, source: str) -
     assert listed.count(template) == (1 if source != "store" else 0), listed
 
 
+@pytest.mark.long  # as the drain: CI keeps the takeover and the cross-node fork
 def test_a_snapshot_or_template_of_a_full_node_creates_on_its_peer_then_from_the_store(
     cluster: Cluster,
 ) -> None:

@@ -23,6 +23,9 @@ FLOOD_S = 20.0  # phase 3 (fork bombs, console and printk floods) after the fill
 QEMU_LOG_CAP = 64 * 1024
 
 
+# Long tier (make test-long): CI keeps the guest-side containment of a fork bomb and a memory
+# hog (tests/integration/guest/test_agent_vm.py).
+@pytest.mark.long
 def test_a_hostile_guest_leaves_its_neighbours_and_the_host_alone(node: NodeProcess) -> None:
     made: list[Sandbox] = []
     try:

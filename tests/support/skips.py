@@ -21,13 +21,6 @@ class Allowed:
 
 ALLOWED: tuple[Allowed, ...] = (
     Allowed(
-        r"e2bdev/base is not exported here \(aenv setup --minimal-base\)",
-        "CI sets its host up with the minimal base only (AENV_MINIMAL_BASE=1 in .ci/run), so "
-        "the familiar base is not exported as e2bdev/base: the e2bdev/base case of "
-        "tests/e2e/test_template_build.py's own-base build cannot run there (its "
-        "localhost/aenv/base-minimal case does, and may not skip).",
-    ),
-    Allowed(
         r"KVM works on this host",
         "tests/integration/vmm/test_bad_input.py checks the error of a forced KVM on a host "
         "without KVM (CI's is TCG only); where KVM works there is no such error to check.",
