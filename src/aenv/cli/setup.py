@@ -19,6 +19,7 @@ from aenv.images.registry import RegistryError
 from aenv.machines.runtime import Runtime
 from aenv.orchestrator.builder import BuildError, build_template, kernel_path
 from aenv.orchestrator.reclaim import reclaim_runtime
+from aenv.storage import datafs
 from aenv.storage.datafs import DataFsError
 from aenv.storage.kernel import KernelBuildError, is_built
 from aenv.storage.packages import PackagesError
@@ -42,7 +43,9 @@ async def _in_runtime(cfg: config_mod.Config, work: Callable[[Runtime], Awaitabl
 async def _prepare(cfg: config_mod.Config, rootfs: list[tuple[str, str]],
                    say: Callable[[str], None]) -> None:  # fmt: skip
     """The guest kernel, the tools drive and the base templates' root filesystems at once:
-    debootstrap and apt mostly wait on the network and the disk while the kernel compiles."""
+    debootstrap and apt mostly wait on the network and the disk while the kernel compiles.
+    First the data filesystem they go on (a runtime would mount it too, later)."""
+    await asyncio.to_thread(datafs.ensure, cfg.data_dir, cfg.data_image_size_gib)
     await asyncio.gather(
         asyncio.to_thread(kernel_path, cfg, say),
         asyncio.to_thread(ensure_tools, cfg.artifacts_dir, say),
