@@ -77,9 +77,11 @@ async def minimal(rt: Any, name: str, force: bool, progress: Callable[[str], Non
         _drop_minimal(rt, progress)
 
 
-async def familiar(rt: Any, force: bool, progress: Callable[[str], None]) -> None:
-    """The familiar `base`, and its images."""
+async def familiar(rt: Any, force: bool, progress: Callable[[str], None],
+                   made: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    """The familiar `base` (`made` once creates may use it), then its images."""
     await build_template(rt, FAMILIAR, RECIPES[FAMILIAR], progress=progress, force=force)
+    made()
     await asyncio.to_thread(export_as, rt, FAMILIAR, FAMILIAR_IMAGES, progress)
 
 
@@ -129,14 +131,17 @@ class InBackground:
             self._status = message
             log.info("base: %s", message)
 
-        with self.pending.making([FAMILIAR], "build", lambda: self._status):
-            try:
-                with children.stoppable(self.children):
-                    await familiar(self.rt, False, progress)
-            except children.Stopped:
-                log.info("base: the node stopped before its build ended")
-            except Exception:
-                log.exception("base: the build failed (`aenv setup` builds it again)")
+        pending = self.pending.add([FAMILIAR], "build", lambda: self._status)
+        try:
+            with children.stoppable(self.children):
+                # Creates wait only for the template: its export (seconds) comes after.
+                await familiar(self.rt, False, progress, lambda: self.pending.end(pending))
+        except children.Stopped:
+            log.info("base: the node stopped before its build ended")
+        except Exception:
+            log.exception("base: the build failed (`aenv setup` builds it again)")
+        finally:
+            self.pending.end(pending)
 
     async def close(self) -> None:
         if self.task is None or self.task.done():
