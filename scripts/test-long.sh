@@ -7,17 +7,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/suite.sh
 repo=${AENV_E2B_REPO:-/work/.mirror/e2b-dev+E2B/repo}
-sdk_suite() {  # SCRIPT: one of the SDK suite runners, against the repository
+sdk_suite() {  # SCRIPT [ARGS]: one of the SDK suite runners, against the repository
   if [ ! -d "$repo" ]; then
     echo "no E2B repository at $repo: set AENV_E2B_REPO to a clone of github.com/e2b-dev/E2B"
     return 1
   fi
-  bash "scripts/$1" "$repo"
+  local script=$1; shift
+  bash "scripts/$script" "$repo" "$@"
 }
 census_baseline
 
 phase long          pyt long tests -m long
-phase sdk-sandbox   sdk_suite sdk-tests.sh
+# --tls: E2B_DOMAIN alone, as against E2B (the host-routing, ping and byoc-domain tests
+# build their URLs from it; docs/testing.md).
+phase sdk-sandbox   sdk_suite sdk-tests.sh -- --tls
 phase sdk-templates sdk_suite sdk-template-tests.sh
 phase leaks         leak_check
 slowest_report
