@@ -47,6 +47,7 @@ from aenv.storage.snapshots import (
 )
 from aenv.storage.templates import TemplateMissing
 from aenv.teams.model import DEFAULT_TEAM
+from aenv.vmm import ram
 from aenv.vmm.base import Accel
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,11 @@ class Cloning:
                           man.cmdline)
         t0 = time.perf_counter()
         try:
-            for f in ("memory", "disk"):
-                if snapshot_id is not None:
-                    clone(src_dir / f, workdir / f)
-                self._own(workdir / f, slot.tap_uid)
+            if snapshot_id is not None:
+                # One inode for every VM of the snapshot: one page cache (vmm/ram.py).
+                ram.place(src_dir / "memory", spec.memory_file)
+                clone(src_dir / "disk", workdir / "disk")
+            self._own(workdir / "disk", slot.tap_uid)
             t1 = time.perf_counter()
             vm = await self.driver.spawn(spec, incoming=True)
         except BaseException:
@@ -141,10 +143,10 @@ class Cloning:
         t0 = time.perf_counter()
         final = self.cfg.sandboxes_dir / name
         try:
-            for f in ("memory", "disk"):
-                # FICLONE into the file the pooled QEMU has open (and mapped): its owner and
-                # mode stay the jail's.
-                await asyncio.to_thread(clone, src_dir / f, warm.workdir / f)
+            await self._place_ram(warm, src_dir / "memory")
+            # FICLONE into the disk file the pooled QEMU has open: its owner and mode stay
+            # the jail's.
+            await asyncio.to_thread(clone, src_dir / "disk", warm.workdir / "disk")
             t1 = time.perf_counter()
             fault("resume.before_restore" if paused else "create.before_restore")
             await warm.vm.restore(src_dir / "state")
@@ -165,6 +167,13 @@ class Cloning:
         log.debug("restore %s (warm): clone=%.1fms load+cont=%.1fms", name,
                   (t1 - t0) * 1e3, (t2 - t1) * 1e3)
         return m
+
+    async def _place_ram(self, m: Machine, src: Path) -> None:
+        """A pooled (incoming, never run) VMM maps `src`, a snapshot's RAM file, in place
+        of its empty one."""
+        spec = m.vm.spec
+        await asyncio.to_thread(ram.place, src, spec.memory_file)
+        await asyncio.to_thread(ram.rebase, m.vm.pid, spec.workdir, spec.memory_file)
 
     def _manifest_of(self, m: Machine, snapshot_id: str, parent: str | None = None,
                      names: list[str] | None = None) -> Manifest:
@@ -235,8 +244,8 @@ class Cloning:
         check_restorable(src, man)
         m = await self._spawn_incoming(self._pool_key(man))
         try:
-            for f in ("memory", "disk"):
-                await asyncio.to_thread(clone, src / f, m.workdir / f)
+            await self._place_ram(m, src / "memory")
+            await asyncio.to_thread(clone, src / "disk", m.workdir / "disk")
             await m.vm.restore(src / "state")
             await m.vm.resume()
             url = m.slot.url(AGENT_PORT)

@@ -155,6 +155,10 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _same_fs(a: Path, b: Path) -> bool:
+    return a.stat().st_dev == b.stat().st_dev
+
+
 class SnapshotStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -202,8 +206,14 @@ class SnapshotStore:
         with self._staged(manifest.snapshot_id) as stage:
             for name in manifest.files:
                 dst = stage / name
-                clone(sources[name], dst)
-                fsync_path(dst)
+                if name == "memory" and _same_fs(sources[name], stage):
+                    # A RAM file is never changed once written (vmm/ram.py): the snapshot
+                    # shares its inode, so VMs restored from it share the page cache of
+                    # the VM it was taken from.
+                    os.link(sources[name], dst)
+                else:
+                    clone(sources[name], dst)
+                    fsync_path(dst)
                 dst.chmod(0o444)  # shared artifacts: root-owned, read-only for jails
             manifest.state_sha256 = (checksums_mod.sha256_file(stage / "state")
                                      if manifest.memory else None)  # fmt: skip

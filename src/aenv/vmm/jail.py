@@ -44,6 +44,7 @@ class JailSpec:
     pass_fds: tuple[int, ...] = ()
     # What the jail's filesystem holds besides the system part.
     root: RootSpec = dataclasses.field(default_factory=RootSpec)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # besides JAIL_ENV
 
 
 # The jail's whole environment: the node's own (which may hold secrets) is not passed on.
@@ -256,7 +257,7 @@ async def spawn(spec: JailSpec, argv: list[str]) -> Jailed:
         proc = await asyncio.create_subprocess_exec(
             *command(spec, argv, root_fd),
             stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-            pass_fds=(*spec.pass_fds, root_fd), env=JAIL_ENV,
+            pass_fds=(*spec.pass_fds, root_fd), env={**spec.env, **JAIL_ENV},
             preexec_fn=functools.partial(_enter, cgroup),
             start_new_session=True,  # a ^C to the node must not reach its VMs
         )

@@ -9,6 +9,7 @@ every path QEMU is given resolves the same inside):
     /etc/ld.so.cache              ro                     the loader's index: nothing else of /etc
     /dev/null /dev/urandom        nosuid,noexec          (+ /dev/kvm under KVM)
     RootSpec.ro_paths             ro,nosuid,nodev,noexec shared artifacts: kernel, tools drive
+    RootSpec.libs                 ro,nosuid,nodev        a library QEMU preloads (vmm/ram.py)
     RootSpec.rw_paths             nosuid,nodev,noexec    the VM's own directory
     /proc                         the jail's own, mounted by the launcher in its pid namespace
 
@@ -70,6 +71,7 @@ class RootSpec:
     ro_paths: tuple[Path, ...] = ()
     rw_paths: tuple[Path, ...] = ()
     devices: tuple[Path, ...] = ()
+    libs: tuple[Path, ...] = ()  # read-only but executable: a preloaded library (vmm/ram.py)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ def plan(spec: RootSpec) -> tuple[list[Bind], dict[str, str]]:
             wanted.append(Bind(host, PROGRAMS))
     wanted += [Bind(d, DEVICE) for d in (*BASE_DEVICES, *spec.devices)]
     wanted += [Bind(p, DATA_RO) for p in spec.ro_paths]
+    wanted += [Bind(p, PROGRAMS) for p in spec.libs]
     wanted += [Bind(p, DATA_RW) for p in spec.rw_paths]
     covered = [Path("/") / name for name in links]
     binds: list[Bind] = []

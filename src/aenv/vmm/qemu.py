@@ -2,7 +2,8 @@
 
 RAM is a `memory-backend-file,share=on` in the VM's directory on the reflink data
 filesystem and migration runs with `x-ignore-shared`, so save writes device state only
-(~100 KB) and restore maps the (cloned) RAM file: both cost milliseconds.
+(~100 KB) and restore maps the RAM file: both cost milliseconds. A preloaded library
+(`vmm/ram.py`) makes that mapping private, so VMs of one snapshot share its pages.
 Device state moves over a file descriptor passed on the QMP socket (`getfd` + `fd:`), so
 QEMU never needs to open or spawn anything for it (`-sandbox spawn=deny`).
 The guest's serial console goes to a fixed-size ring inside QEMU (`-chardev ringbuf`), not
@@ -27,7 +28,7 @@ from qemu.qmp import QMPClient
 
 from aenv.network.netns import run_in_netns
 from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, open_tap
-from aenv.vmm import jail
+from aenv.vmm import jail, ram
 from aenv.vmm.base import Accel, Capabilities, Driver, Vm, VmmError, VmSpec
 from aenv.vmm.cgroup import Limits
 from aenv.vmm.jailroot import RootSpec
@@ -167,6 +168,7 @@ class QemuDriver(Driver):
                  memory_overhead_mib: int = 384, pids_max: int = 256,
                  jail_prefix: str = "") -> None:
         self.binary = binary
+        self.ram_shim: Path | None = None  # built by check() (needs cache_dir)
         self.requested_accel = accel
         self.probe_kernel = probe_kernel
         self.cache_dir = cache_dir
@@ -181,6 +183,8 @@ class QemuDriver(Driver):
         for tool in ("unshare", "setpriv", "nsenter"):
             if shutil.which(tool) is None:
                 raise VmmError(f"{tool} not found: install util-linux")
+        if self.cache_dir is not None:
+            self.ram_shim = ram.shim(self.cache_dir)
         self.accel()
 
     def capabilities(self) -> Capabilities:
@@ -304,6 +308,7 @@ class QemuDriver(Driver):
             ro_paths=(spec.kernel, *(d.path for d in spec.drives if d.read_only)),
             rw_paths=rw,
             devices=(Path("/dev/kvm"),) if self.accel() is Accel.KVM else (),
+            libs=(self.ram_shim,) if self.ram_shim else (),
         )
 
     async def spawn(self, spec: VmSpec, *, incoming: bool) -> Vm:
@@ -323,6 +328,8 @@ class QemuDriver(Driver):
             log_file=spec.workdir / "qemu.log",
             pass_fds=(tap_fd,) if tap_fd is not None else (),
             root=self.jail_root(spec),
+            env=ram.shim_env(spec.memory_file, spec.workdir, self.ram_shim)
+            if self.ram_shim else {},
         )
         qmp_path = spec.workdir / "qmp.sock"
         qmp_path.unlink(missing_ok=True)

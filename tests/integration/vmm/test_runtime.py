@@ -81,12 +81,17 @@ async def test_each_qemu_is_jailed(runtime, sandbox_id):
         assert int(st2["Uid"].split()[0]) != uid, "two VMs share a uid"
         # own pid namespace: QEMU is pid 1 in it
         assert st["NSpid"].split()[-1] == "1"
-        for f in ("memory", "disk"):
-            p = runtime.cfg.sandboxes_dir / sandbox_id / f
-            assert p.stat().st_uid == uid and (p.stat().st_mode & 0o777) == 0o600
+        p = runtime.cfg.sandboxes_dir / sandbox_id / "disk"
+        assert p.stat().st_uid == uid and (p.stat().st_mode & 0o777) == 0o600
+        # Its RAM file is the template's own (one inode: one page cache), root's, read-only,
+        # mapped private (vmm/ram.py).
+        mem = (runtime.cfg.sandboxes_dir / sandbox_id / "memory").stat()
+        tmpl = runtime.snapshots.path(runtime.catalog.get("base").snapshot_id) / "memory"
+        assert mem.st_ino == tmpl.stat().st_ino
+        assert mem.st_uid == 0 and (mem.st_mode & 0o777) == 0o444
         # the jail's seccomp filter kept QEMU's MADV_HUGEPAGE off guest RAM (aenv.vmm.seccomp)
         ram = _largest_mapping_flags(h.vmm_pid)
-        assert "sh" in ram and "hg" not in ram, ram
+        assert "sh" not in ram and "hg" not in ram, ram
         # a jail cannot open another VM's files
         other = runtime.cfg.sandboxes_dir / (sandbox_id + "b") / "disk"
         r = subprocess.run(
