@@ -78,10 +78,11 @@ class ServerProcess:
 def vmm_of(instance: str, sandbox_id: str, data_dir: Path = DATA_DIR) -> RamMapping | None:
     """The QEMU that maps this sandbox's RAM file, with where (None if no QEMU does). Its
     directory may be a pooled VM's, reached through a symlink."""
-    mf = (data_dir / "sandboxes" / instance / sandbox_id / "memory").resolve()
-    for pid in qemu_pids(instance, data_dir):
+    vm_dir = (data_dir / "sandboxes" / instance / sandbox_id).resolve()
+    # By its directory on the command line: VMs of one template map one RAM file.
+    for pid in qemu_pids_with(str(vm_dir).encode() + b"/"):
         try:
-            return ram_mapping(pid, mf)
+            return ram_mapping(pid, vm_dir / "memory")
         except OSError:
             continue
     return None

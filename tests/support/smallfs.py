@@ -90,8 +90,20 @@ class SmallFs:
             os.close(fd)
 
     def unfill(self) -> None:
-        self.filler.unlink(missing_ok=True)
-        self.sync()
+        """Remove the filler and wait until its blocks are free: XFS frees an unlinked
+        file's blocks in the background (inode GC), after unlink returns."""
+        try:
+            held = self.filler.stat().st_blocks * 512
+        except FileNotFoundError:
+            return
+        before = self.free()
+        self.filler.unlink()
+        deadline = time.monotonic() + 10
+        while True:
+            self.sync()
+            if self.free() >= before + held - 16 * MIB or time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
 
     def sync(self) -> None:
         """Write back this filesystem only (not the host's others)."""

@@ -1,0 +1,123 @@
+"""Density (issue 30): sandboxes of one snapshot share its clean pages, and what each one
+writes stays its own through pause, resume, fork and snapshot (vmm/ram.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox
+
+from aenv.storage.templates import TemplateCatalog
+from tests.support.host import DATA_DIR, vmm_of
+
+from .conftest import NodeProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def _sh(sbx: Sandbox, cmd: str) -> str:
+    r = sbx.commands.run(cmd, user="root", timeout=120)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _mark(sbx: Sandbox, who: str) -> None:
+    """A file on its disk and a counter in its RAM only (tmpfs)."""
+    _sh(sbx, f"echo {who} > /home/user/who && echo 1 > /dev/shm/counter")
+
+
+def _seen(sbx: Sandbox) -> tuple[str, str]:
+    return (_sh(sbx, "cat /home/user/who 2>/dev/null || echo none"),
+            _sh(sbx, "cat /dev/shm/counter 2>/dev/null || echo none"))
+
+
+def _bump(sbx: Sandbox) -> None:
+    _sh(sbx, "echo $(( $(cat /dev/shm/counter) + 1 )) > /dev/shm/counter")
+
+
+def _ram(instance: str, sid: str) -> tuple[int, int, int]:
+    """(Rss, Pss, Anonymous) bytes of the sandbox's guest-RAM mapping, from its smaps."""
+    vmm = vmm_of(instance, sid)
+    assert vmm is not None, f"no VMM maps the RAM of {sid}"
+    head = f"{vmm.start:x}-"
+    got: dict[str, int] = {}
+    inside = False
+    for line in Path(f"/proc/{vmm.pid}/smaps").read_text().splitlines():
+        key = line.split(maxsplit=1)[0]
+        if "-" in key and not key.endswith(":"):
+            inside = line.startswith(head)
+        elif inside and key in ("Rss:", "Pss:", "Anonymous:"):
+            got[key] = int(line.split()[1]) << 10
+    return got["Rss:"], got["Pss:"], got["Anonymous:"]
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def test_clean_pages_are_shared_and_writes_stay_own(node: NodeProcess) -> None:
+    instance = node.env["AENV_INSTANCE"]
+    snap = TemplateCatalog(DATA_DIR / "templates").get("base").snapshot_id
+    template_ram = DATA_DIR / "snapshots" / snap / "memory"
+    before = _sha(template_ram)
+    boxes = [Sandbox.create("base", timeout=300) for _ in range(4)]
+    extra: list[Sandbox] = []
+    snapshot_id = None
+    try:
+        for i, b in enumerate(boxes):
+            _mark(b, f"box{i}")
+        # One inode for all four (one page cache), and measured: the summed PSS of their RAM
+        # mappings is well under their summed RSS (unshared pages count whole in both).
+        inode = template_ram.stat().st_ino
+        for b in boxes:
+            vm = (DATA_DIR / "sandboxes" / instance / b.sandbox_id).resolve()
+            assert (vm / "memory").stat().st_ino == inode
+        held = [_ram(instance, b.sandbox_id) for b in boxes]
+        rss, pss = sum(h[0] for h in held), sum(h[1] for h in held)
+        assert all(h[2] > 0 for h in held), held  # each wrote pages of its own
+        assert pss < 0.6 * rss, f"PSS {pss >> 20} MiB of RSS {rss >> 20} MiB: not shared"
+
+        a, b, c, d = boxes
+        # Pause (writes A's pages into a file of its own) and resume.
+        a.pause()
+        a = Sandbox.connect(a.sandbox_id, timeout=300)
+        assert _seen(a) == ("box0", "1")
+        _bump(a)
+        # Fork: the child starts from A's state; its writes are its own, and A's its own.
+        with node.api() as api:
+            r = api.post(f"/sandboxes/{a.sandbox_id}/fork", json={"count": 1})
+            assert r.status_code in (200, 201), r.text
+            kid = Sandbox.connect(r.json()[0]["sandbox"]["sandboxID"], timeout=300)
+            extra.append(kid)
+            assert _seen(kid) == ("box0", "2")
+            _mark(kid, "kid")
+            _bump(a)
+            assert _seen(kid) == ("kid", "1") and _seen(a) == ("box0", "3")
+            # Snapshot of B, and a sandbox made from it.
+            r = api.post(f"/sandboxes/{b.sandbox_id}/snapshots", json={})
+            assert r.status_code in (200, 201), r.text
+            snapshot_id = r.json()["snapshotID"]
+        _bump(b)
+        from_b = Sandbox.create(snapshot_id, timeout=300)
+        extra.append(from_b)
+        assert _seen(from_b) == ("box1", "1")
+        _mark(from_b, "from-b")
+        assert _seen(b) == ("box1", "2")
+        # The siblings never saw any of it, nor does a new sandbox of the template.
+        assert _seen(c) == ("box2", "1") and _seen(d) == ("box3", "1")
+        fresh = Sandbox.create("base", timeout=300)
+        extra.append(fresh)
+        assert _seen(fresh) == ("none", "none")
+    finally:
+        for s in (*boxes, *extra):
+            s.kill()
+        if snapshot_id:
+            with node.api() as api:
+                api.delete(f"/templates/{snapshot_id}")
+    assert _sha(template_ram) == before, "the template's RAM file changed"
