@@ -49,14 +49,14 @@ def held(vm_dir: Path) -> Held:
     """One VMM's memory from its smaps: its RAM mapping's (the file `vm_dir/memory`, or the
     one a save renamed over) and the whole process's."""
     pid = qemu_pid(vm_dir)
-    want = str(vm_dir / "memory")
+    want = {str(vm_dir / "memory"), str(vm_dir / "memory.base")}  # vmm/ram.py's two files
     ram_pss = ram_own = total = 0
     inside = False
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split(maxsplit=5)
         if "-" in head[0] and not head[0].endswith(":"):
             path = head[5].removesuffix(" (deleted)") if len(head) > 5 else ""
-            inside = path == want
+            inside = path in want
         elif line.startswith("Pss:"):
             kib = int(line.split()[1]) * KIB
             total += kib

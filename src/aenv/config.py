@@ -184,6 +184,9 @@ class Config(BaseModel):
     hot_pause_max: int = Field(32, ge=0)
     hot_pause_memory_mib: int = Field(4096, ge=0)
     hot_psi_avg10: float = Field(10.0, gt=0, le=100)
+    # A running sandbox with no data-plane request for this long hands back the memory its
+    # guest wrote (machines/reclaiming.py): written to its RAM file, then dropped. 0: never.
+    reclaim_idle_s: float = Field(60.0, ge=0)
     # Guest RAM the node commits: running VMs' shapes plus hot VMMs' resident memory. A
     # create, resume or fork that would go past it first demotes the oldest hot VMMs.
     # 0: the host's MemTotal less 2 GiB.
@@ -326,6 +329,7 @@ _SIMPLE_ENV = {
     "HOT_PAUSE_MAX": "hot_pause_max",
     "HOT_PAUSE_MEMORY_MIB": "hot_pause_memory_mib",
     "HOT_PSI_AVG10": "hot_psi_avg10",
+    "RECLAIM_IDLE_S": "reclaim_idle_s",
     "MEMORY_BUDGET_MIB": "memory_budget_mib",
     "SLOT_NETWORK": "slot_network",
     "WARM_POOL_SIZE": "warm_pool_size",

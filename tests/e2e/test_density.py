@@ -1,9 +1,11 @@
 """Density (issue 30): sandboxes of one snapshot share its clean pages, and what each one
-writes stays its own through pause, resume, fork and snapshot (vmm/ram.py)."""
+writes stays its own through pause, resume, fork and snapshot (vmm/ram.py); an idle one
+hands back what it wrote (machines/reclaiming.py)."""
 
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from e2b import Sandbox
 from aenv.storage.templates import TemplateCatalog
 from tests.support.host import DATA_DIR, vmm_of
 
-from .conftest import NodeProcess
+from .conftest import NodeProcess, running_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -41,15 +43,15 @@ def _ram(instance: str, sid: str) -> tuple[int, int, int]:
     """(Rss, Pss, Anonymous) bytes of the sandbox's guest-RAM mapping, from its smaps."""
     vmm = vmm_of(instance, sid)
     assert vmm is not None, f"no VMM maps the RAM of {sid}"
-    head = f"{vmm.start:x}-"
-    got: dict[str, int] = {}
+    got = {"Rss:": 0, "Pss:": 0, "Anonymous:": 0}
     inside = False
     for line in Path(f"/proc/{vmm.pid}/smaps").read_text().splitlines():
         key = line.split(maxsplit=1)[0]
-        if "-" in key and not key.endswith(":"):
-            inside = line.startswith(head)
-        elif inside and key in ("Rss:", "Pss:", "Anonymous:"):
-            got[key] = int(line.split()[1]) << 10
+        if "-" in key and not key.endswith(":"):  # a VMA's head: is it inside guest RAM?
+            lo, hi = (int(x, 16) for x in key.split("-"))
+            inside = vmm.start <= lo and hi <= vmm.end
+        elif inside and key in got:
+            got[key] += int(line.split()[1]) << 10
     return got["Rss:"], got["Pss:"], got["Anonymous:"]
 
 
@@ -88,6 +90,13 @@ def test_clean_pages_are_shared_and_writes_stay_own(node: NodeProcess) -> None:
         a.pause()
         a = Sandbox.connect(a.sandbox_id, timeout=300)
         assert _seen(a) == ("box0", "1")
+        # Resumed, it still reads what it did not write from the template's file (its base),
+        # shared with the others: its written pages come from a file of its own.
+        vm_a = (DATA_DIR / "sandboxes" / instance / a.sandbox_id).resolve()
+        assert (vm_a / "memory.base").stat().st_ino == inode
+        assert (vm_a / "memory").stat().st_ino != inode
+        rss_a, pss_a, _ = _ram(instance, a.sandbox_id)
+        assert pss_a < 0.8 * rss_a, (pss_a, rss_a)
         _bump(a)
         # Fork: the child starts from A's state; its writes are its own, and A's its own.
         with node.api() as api:
@@ -121,3 +130,26 @@ def test_clean_pages_are_shared_and_writes_stay_own(node: NodeProcess) -> None:
             with node.api() as api:
                 api.delete(f"/templates/{snapshot_id}")
     assert _sha(template_ram) == before, "the template's RAM file changed"
+
+
+def test_an_idle_sandbox_hands_back_what_it_wrote(tmp_path: Path) -> None:
+    with running_node(tmp_path, AENV_RECLAIM_IDLE_S="2") as n:
+        instance = n.env["AENV_INSTANCE"]
+        sbx = Sandbox.create("base", timeout=300)
+        try:
+            digest = _sh(sbx, "head -c 32M /dev/urandom > /dev/shm/big && "
+                              "md5sum /dev/shm/big | cut -d' ' -f1")  # fmt: skip
+            _sh(sbx, "(sleep 1000 </dev/null >/dev/null 2>&1 &) ; sync")
+            own = _ram(instance, sbx.sandbox_id)[2]
+            assert own >= 32 << 20, own
+            # No request for 2 s: its written pages go to its RAM file and out of memory.
+            deadline = time.monotonic() + 30
+            while (own := _ram(instance, sbx.sandbox_id)[2]) > 8 << 20:
+                assert time.monotonic() < deadline, f"still {own >> 20} MiB of its own"
+                time.sleep(0.5)
+            assert "sandbox.reclaimed" in n.log.read_text()
+            # Nothing lost: its memory and its processes are as they were.
+            assert _sh(sbx, "md5sum /dev/shm/big | cut -d' ' -f1") == digest
+            assert _sh(sbx, "pgrep -x sleep >/dev/null && echo alive") == "alive"
+        finally:
+            sbx.kill()

@@ -8,7 +8,8 @@ import socket
 import subprocess
 from pathlib import Path
 
-from aenv.vmm.memory import RamMapping, ram_mapping
+from aenv.vmm import ram
+from aenv.vmm.memory import RamMapping
 
 DATA_DIR = Path(os.environ.get("AENV_DATA_DIR", "/var/lib/aenv"))
 STOP_DEADLINE_S = 60
@@ -82,7 +83,8 @@ def vmm_of(instance: str, sandbox_id: str, data_dir: Path = DATA_DIR) -> RamMapp
     # By its directory on the command line: VMs of one template map one RAM file.
     for pid in qemu_pids_with(str(vm_dir).encode() + b"/"):
         try:
-            return ram_mapping(pid, vm_dir / "memory")
+            r = ram.mapping(pid, vm_dir / "memory")
         except OSError:
             continue
+        return RamMapping(r.pid, r.start, r.end)
     return None

@@ -266,6 +266,7 @@ class DataPlaneProxy:
             return
         ex = Exchange()
         route.streams.add(ex)
+        route.last_active, route.reclaimed = time.monotonic(), False
         try:
             if websocket:
                 await self._websocket(scope, receive, send, route, target, ex)
@@ -277,6 +278,7 @@ class DataPlaneProxy:
             await self._aborted(scope, send, route, ex)
         finally:
             route.streams.discard(ex)
+            route.last_active = time.monotonic()
 
     async def _aborted(self, scope: Scope, send: Any, route: Route, ex: Exchange) -> None:
         if ex.reason == "client gone":

@@ -119,6 +119,9 @@ class Cloning:
         m = Machine(name, vm, slot, workdir, man.template, jail=name)
         self._register(m)
         try:
+            if snapshot_id is None and (workdir / ram.BASE_NAME).exists():
+                # Its own written pages over the base it shares with its snapshot's VMs.
+                await asyncio.to_thread(ram.remap, vm.pid, spec.memory_file)
             t2 = time.perf_counter()
             fault("create.before_restore" if snapshot_id is not None else "resume.before_restore")
             await vm.restore(src_dir / "state")
@@ -173,7 +176,7 @@ class Cloning:
         of its empty one."""
         spec = m.vm.spec
         await asyncio.to_thread(ram.place, src, spec.memory_file)
-        await asyncio.to_thread(ram.rebase, m.vm.pid, spec.workdir, spec.memory_file)
+        await asyncio.to_thread(ram.remap, m.vm.pid, spec.memory_file)
 
     def _manifest_of(self, m: Machine, snapshot_id: str, parent: str | None = None,
                      names: list[str] | None = None) -> Manifest:

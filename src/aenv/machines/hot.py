@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from aenv.config import Config
 from aenv.obs import HOT_DEMOTIONS, HOT_RSS, HOT_VMS, log_event
-from aenv.vmm import memory
+from aenv.vmm import memory, ram
 
 if TYPE_CHECKING:
     from aenv.machines.machine import Machine
@@ -213,7 +213,7 @@ class HotTier:
 
 def release(h: HotVm) -> None:
     """Record which guest pages are resident, then drop them from the VMM (blocking)."""
-    m = memory.ram_mapping(h.pid, h.machine.vm.spec.memory_file)
+    m = _region(h)
     h.runs = memory.resident_runs(m)
     memory.page_out(m)
     h.released = True
@@ -223,4 +223,10 @@ def release(h: HotVm) -> None:
 def page_in(h: HotVm) -> None:
     """Read back what `release` dropped, ahead of the continue (blocking)."""
     if h.released and h.runs:
-        memory.prefetch(memory.ram_mapping(h.pid, h.machine.vm.spec.memory_file), h.runs)
+        memory.prefetch(_region(h), h.runs)
+
+
+def _region(h: HotVm) -> memory.RamMapping:
+    """Its guest RAM: the VMAs of its base and its own RAM file (vmm/ram.py)."""
+    r = ram.mapping(h.pid, h.machine.vm.spec.memory_file)
+    return memory.RamMapping(r.pid, r.start, r.end)

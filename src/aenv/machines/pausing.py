@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from aenv.faults import fault
-from aenv.machines import adoption, agent_replies, guest_flush, hot
+from aenv.machines import adoption, agent_replies, guest_flush, hot, reclaiming
 from aenv.machines.agent_replies import GuestReplyError
 from aenv.machines.api import (
     AGENT_PORT,
@@ -66,9 +66,15 @@ class Pausing:
         (blocking; the VM is stopped). Returns the bytes written."""
         spec = m.vm.spec
         mapping = ram.mapping(m.vm.pid, spec.memory_file, spec.shape.memory_mib << 20)
-        n = ram.write_back(mapping, spec.memory_file, spec.memory_file)
-        ram.rebase(m.vm.pid, spec.workdir, spec.memory_file)
+        n = ram.save(mapping, spec.memory_file)
+        ram.remap(m.vm.pid, spec.memory_file)
         return n
+
+    async def reclaim_memory(self, name: str) -> reclaiming.Reclaimed:
+        """An idle running sandbox hands back the memory its guest wrote (reclaiming.py)."""
+        m = self._machines[name]
+        await self._settled(m)
+        return await reclaiming.reclaim(m)
 
     # -- pause / resume / fork ---------------------------------------------------------
     async def pause(self, name: str, *, memory: bool = True,
@@ -157,7 +163,7 @@ class Pausing:
         old memory state must never be restored over it."""
         fsync_path(workdir / "disk")
         write_json_atomic(workdir / PAUSE_MARKER, {"memory": False})
-        for f in ("memory", "state"):
+        for f in ("memory", "state", ram.BASE_NAME, ram.RUNS_NAME):
             (workdir / f).unlink(missing_ok=True)
         fsync_path(workdir)
 

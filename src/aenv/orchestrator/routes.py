@@ -82,6 +82,10 @@ class Route:
     # processes were frozen mid-way (a server still starting when the timeout paused it),
     # so the proxy gives a port that is not yet open a grace period (`WAKE_GRACE_S`).
     woke_at: float | None = None
+    # time.monotonic() of its last data-plane request's start or end, and whether its memory
+    # was reclaimed since (background.idle_reclaimer).
+    last_active: float = field(default_factory=time.monotonic)
+    reclaimed: bool = False
 
     @property
     def sandbox_id(self) -> str:

@@ -138,6 +138,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
             asyncio.create_task(background.metrics_sampler(self), name="aenv-metrics"),
             asyncio.create_task(background.snapshot_checksums(self), name="aenv-checksums"),
             asyncio.create_task(background.scrubber(self), name="aenv-scrub"),
+            asyncio.create_task(background.idle_reclaimer(self), name="aenv-reclaim"),
         ]
         self._accepting = True
         self._started = True

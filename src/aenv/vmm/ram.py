@@ -10,9 +10,11 @@ state only) and `aenv-ram.so` preloaded (`ramshim.c`), which maps that one file 
 - at a save the node itself writes those pages (`written_runs`, read through
   /proc/<pid>/mem) into a new file: a reflink clone of the mapped file plus them
   (`write_back`); the VM's `memory` name moves to it;
-- a VMM that lives on is then "rebased" onto the new file (`rebase`): its written pages stop
-  being anonymous memory, which nothing could reclaim on a host without swap, and become
-  clean page cache of a file.
+- a VMM that lives on is then "rebased" (`remap`): the snapshot's file it was restored from
+  (`memory.base`) is mapped over all of guest RAM and the new file over the runs the guest
+  wrote (`memory.runs`): its written pages stop being anonymous memory, which nothing could
+  reclaim on a host without swap, and become clean page cache of a file, while the pages it
+  never wrote stay shared.
 
 Every RAM file the node writes is root-owned and read-only (0444): it is never changed in
 place, so it can be hard-linked into a snapshot and mapped by any VM.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -38,6 +41,9 @@ REBASE_SIGNAL = signal.SIGRTMIN + 4
 REBASE_TIMEOUT_S = 5.0
 SHIM_NAME = "aenv-ram.so"
 CTL_NAME = "ram.ctl"
+BASE_NAME = "memory.base"  # the snapshot's RAM file a VM was restored from (a hard link)
+RUNS_NAME = "memory.runs"  # where `memory` differs from it: "offset length" lines
+MAX_RUNS = 16384  # one mapping each (vm.max_map_count is 65530 a process)
 _COPY_CHUNK = 16 << 20
 # pagemap: bit 63 present, 62 swapped, 61 file page or shared anonymous. Byte 7 of each
 # little-endian entry holds them: a written (anonymous) page is present and not a file page.
@@ -88,21 +94,24 @@ def shim_env(memory_file: Path, workdir: Path, lib: Path) -> dict[str, str]:
 
 
 # -- the mapping -------------------------------------------------------------------------
-def mapping(pid: int, memory_file: Path, size: int) -> Mapping:
-    """The VMM's RAM mapping: the one of `size` bytes whose file is `memory_file` (or was:
-    a rename over it leaves " (deleted)" behind until the next rebase)."""
-    want = str(memory_file)
+def mapping(pid: int, memory_file: Path, size: int | None = None) -> Mapping:
+    """The VMM's guest-RAM region: the VMAs of its RAM file and of the base beside it
+    (`BASE_NAME`; a rebase maps both), contiguous. A rename over the file leaves
+    " (deleted)" behind until the next rebase."""
+    names = {str(memory_file), str(memory_file.with_name(BASE_NAME))}
+    lo = hi = -1
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             parts = line.split(maxsplit=5)
-            if len(parts) < 6:
+            if len(parts) < 6 or parts[5].rstrip("\n").removesuffix(" (deleted)") not in names:
                 continue
-            path = parts[5].rstrip("\n").removesuffix(" (deleted)")
-            lo, _, hi = parts[0].partition("-")
-            start, end = int(lo, 16), int(hi, 16)
-            if path == want and end - start == size:
-                return Mapping(pid, start, end)
-    raise RamError(f"process {pid} does not map {memory_file}")
+            a, _, b = parts[0].partition("-")
+            start, end = int(a, 16), int(b, 16)
+            lo = start if lo < 0 else min(lo, start)
+            hi = max(hi, end)
+    if lo < 0 or (size is not None and hi - lo != size):
+        raise RamError(f"process {pid} does not map {memory_file} whole")
+    return Mapping(pid, lo, hi)
 
 
 def written_runs(m: Mapping) -> list[tuple[int, int]]:
@@ -115,10 +124,12 @@ def written_runs(m: Mapping) -> list[tuple[int, int]]:
     return [(x.start() * PAGE, (x.end() - x.start()) * PAGE) for x in _RUN.finditer(flags)]
 
 
-def write_back(m: Mapping, base: Path, out: Path) -> int:
-    """Write `out`: a clone of `base` (the file mapped) with the guest's written pages over
-    it, durable and read-only. The VMM must be stopped. Returns the bytes copied."""
-    runs = written_runs(m)
+def write_back(m: Mapping, base: Path, out: Path,
+               runs: list[tuple[int, int]] | None = None) -> int:
+    """Write `out`: a clone of `base` (the file whose content the mapping shows where the
+    guest did not write) with the guest's written pages over it, durable and read-only.
+    The VMM must be stopped. Returns the bytes copied."""
+    runs = written_runs(m) if runs is None else runs
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     copied = 0
@@ -151,13 +162,17 @@ def write_back(m: Mapping, base: Path, out: Path) -> int:
     return copied
 
 
-def rebase(pid: int, workdir: Path, target: Path, timeout_s: float = REBASE_TIMEOUT_S
+def rebase(pid: int, workdir: Path, base: Path, overlay: Path | None = None,
+           runs: list[tuple[int, int]] | None = None, timeout_s: float = REBASE_TIMEOUT_S
            ) -> None:
-    """Have the (stopped) VMM map `target` in place of its RAM mapping (`ramshim.c`)."""
+    """Have the (stopped) VMM map `base` over its guest RAM, then `overlay` over `runs`
+    (`ramshim.c`)."""
     ctl = workdir / CTL_NAME
     ack = workdir / f"{CTL_NAME}.ack"
     ack.unlink(missing_ok=True)
-    ctl.write_text(str(target))
+    lines = [str(base), str(overlay or "")]
+    lines += [f"{off} {n}" for off, n in (runs or []) if overlay]
+    ctl.write_text("\n".join(lines) + "\n")
     ctl.chmod(0o644)
     try:
         os.kill(pid, REBASE_SIGNAL)
@@ -173,13 +188,87 @@ def rebase(pid: int, workdir: Path, target: Path, timeout_s: float = REBASE_TIME
         ack.unlink(missing_ok=True)
         ctl.unlink(missing_ok=True)
     if answer != "ok":
-        raise RamError(f"VMM {pid} could not rebase its RAM onto {target.name}: {answer}")
+        raise RamError(f"VMM {pid} could not rebase its RAM onto {base.name}: {answer}")
+
+
+# -- a VM's RAM files: memory, and the base it was restored from --------------------------
+def save(m: Mapping, memory_file: Path) -> int:
+    """Write the guest's written pages into a new `memory_file` (the VMM is stopped), and,
+    when the VM has a base (`BASE_NAME`), first the runs where that file differs from it
+    (`RUNS_NAME`: a superset is safe, a subset never exists). Returns the bytes written."""
+    runs = written_runs(m)
+    if memory_file.with_name(BASE_NAME).exists():
+        union = merge_runs([*read_runs(memory_file), *runs])
+        write_runs(memory_file, union)
+    return write_back(m, memory_file, memory_file, runs)
+
+
+def remap(pid: int, memory_file: Path) -> None:
+    """Rebase the VMM onto its RAM files: the base (shared with every VM of its snapshot)
+    with `memory` over the runs the guest wrote, or `memory` whole when there is no base or
+    the runs are too many for one mapping each."""
+    base = memory_file.with_name(BASE_NAME)
+    runs = read_runs(memory_file) if base.exists() else []
+    if base.exists() and len(runs) <= MAX_RUNS:
+        rebase(pid, memory_file.parent, base, memory_file, runs)
+    else:
+        rebase(pid, memory_file.parent, memory_file)
+
+
+def merge_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for off, n in sorted(runs):
+        if out and off <= out[-1][0] + out[-1][1]:
+            last_off, last_n = out[-1]
+            out[-1] = (last_off, max(last_n, off + n - last_off))
+        else:
+            out.append((off, n))
+    return out
+
+
+def read_runs(memory_file: Path) -> list[tuple[int, int]]:
+    try:
+        text = memory_file.with_name(RUNS_NAME).read_text()
+    except FileNotFoundError:
+        return []
+    return [(int(a), int(b)) for a, b in (line.split() for line in text.splitlines() if line)]
+
+
+def write_runs(memory_file: Path, runs: list[tuple[int, int]]) -> None:
+    path = memory_file.with_name(RUNS_NAME)
+    tmp = path.with_name(f".{RUNS_NAME}.tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(f"{off} {n}\n" for off, n in runs))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def forget_base(memory_file: Path) -> None:
+    """The VM's `memory` stands alone from now on (a fresh boot, a disk-only pause)."""
+    for name in (BASE_NAME, RUNS_NAME):
+        memory_file.with_name(name).unlink(missing_ok=True)
 
 
 def place(src: Path, dst: Path) -> None:
-    """`dst` names the same (immutable) RAM file as `src`: a hard link, so every VM mapping
-    it shares one page cache. Replaces `dst` (a placeholder a pooled VMM may still map)."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.link")
-    tmp.unlink(missing_ok=True)
-    os.link(src, tmp)
-    os.replace(tmp, dst)
+    """Make `dst` (a VM's `memory`) the same immutable RAM file as `src` (a snapshot's, or
+    a paused VM's), by hard links, so every VM mapping it shares one page cache; its base is
+    `src`'s base and runs when it has them (a paused VM's), else `src` itself. Replaces
+    `dst` (a placeholder a pooled VMM may still map)."""
+    if src.parent.resolve() == dst.parent.resolve():
+        return  # a paused VM restored in its own directory: its files are in place
+    src_base = src.with_name(BASE_NAME)
+    carried = src_base.exists()
+    if carried:
+        runs = src.with_name(RUNS_NAME)
+        if runs.exists():
+            tmp = dst.with_name(f".{RUNS_NAME}.copy")
+            shutil.copyfile(runs, tmp)
+            os.replace(tmp, dst.with_name(RUNS_NAME))
+    else:
+        dst.with_name(RUNS_NAME).unlink(missing_ok=True)
+    for name, source in ((BASE_NAME, src_base if carried else src), (dst.name, src)):
+        tmp = dst.with_name(f".{name}.{os.getpid()}.link")
+        tmp.unlink(missing_ok=True)
+        os.link(source, tmp)
+        os.replace(tmp, dst.with_name(name))

@@ -11,9 +11,10 @@
  *  - mmap(MAP_SHARED) of that fd maps it MAP_PRIVATE.
  *  - fallocate(PUNCH_HOLE) on it does nothing (a balloon discard must not punch the shared
  *    file; the madvise(DONTNEED) that follows drops the VM's own copy of the page).
- *  - on signal SIGRTMIN+4 the mapping is replaced, at the same address, by a private
- *    mapping of the file named in AENV_RAM_CTL ("rebase": the VM's written pages, now in
- *    that file, stop being anonymous memory). The result goes to AENV_RAM_CTL.ack.
+ *  - on signal SIGRTMIN+4 the mapping is replaced, at the same address, by private
+ *    mappings of the files named in AENV_RAM_CTL ("rebase": a base file, shared, and an
+ *    overlay with the VM's written pages over their runs, so those stop being anonymous
+ *    memory and the rest stays shared). The result goes to AENV_RAM_CTL.ack.
  *    The node sends it only while the guest's vCPUs are stopped.
  */
 #define _GNU_SOURCE
@@ -63,10 +64,34 @@ static void ack(const char *msg) {
     syscall(SYS_close, fd);
 }
 
+static int map_file(const char *path, size_t off, size_t len) {
+    int fd = raw_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    void *at = (char *)ram_addr + off;
+    void *p = raw_mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE,
+                       fd, (off_t)off);
+    int err = p == at ? 0 : -errno;
+    syscall(SYS_close, fd);
+    return err;
+}
+
+static size_t next_line(const char *buf, size_t n, size_t i, char *out, size_t cap) {
+    size_t k = 0;
+    while (i < n && buf[i] != '\n') {
+        if (k + 1 < cap) out[k++] = buf[i];
+        i++;
+    }
+    out[k] = 0;
+    return i < n ? i + 1 : i;
+}
+
+/* The ctl file: the base file's path, then the overlay's path (or an empty line), then one
+ * "offset length" line (decimal bytes) per run the overlay provides. The base is mapped over
+ * the whole of guest RAM, then the overlay over its runs. */
 static void rebase(int sig) {
     (void)sig;
     int saved = errno;
-    char path[4096], msg[64];
+    char base[4096], overlay[4096], line[64], msg[64];
     if (ram_addr == NULL || ram_ctl == NULL) {
         ack("E no mapping\n");
         goto out;
@@ -76,25 +101,29 @@ static void rebase(int sig) {
         ack("E no ctl\n");
         goto out;
     }
-    ssize_t n = syscall(SYS_read, cfd, path, sizeof path - 1);
+    off_t size = (off_t)syscall(SYS_lseek, cfd, 0, SEEK_END);
+    const char *buf = size > 0 ? raw_mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, cfd, 0)
+                               : MAP_FAILED;
     syscall(SYS_close, cfd);
-    if (n <= 0) {
+    if (buf == MAP_FAILED) {
         ack("E empty ctl\n");
         goto out;
     }
-    path[n] = 0;
-    if (path[n - 1] == '\n') path[n - 1] = 0;
-    int fd = raw_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(msg, sizeof msg, "E open %d\n", errno);
-        ack(msg);
-        goto out;
+    size_t n = (size_t)size, i = 0;
+    i = next_line(buf, n, i, base, sizeof base);
+    i = next_line(buf, n, i, overlay, sizeof overlay);
+    int err = map_file(base, 0, ram_len);
+    while (err == 0 && overlay[0] && i < n) {
+        i = next_line(buf, n, i, line, sizeof line);
+        char *end;
+        unsigned long long off = strtoull(line, &end, 10);
+        unsigned long long len = strtoull(end, NULL, 10);
+        if (len == 0 || off + len > ram_len) continue;
+        err = map_file(overlay, (size_t)off, (size_t)len);
     }
-    void *p = raw_mmap(ram_addr, ram_len, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd, 0);
-    syscall(SYS_close, fd);
-    if (p != ram_addr) {
-        snprintf(msg, sizeof msg, "E mmap %d\n", errno);
+    syscall(SYS_munmap, buf, n);
+    if (err != 0) {
+        snprintf(msg, sizeof msg, "E map %d\n", -err);
         ack(msg);
         goto out;
     }
