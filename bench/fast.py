@@ -54,6 +54,7 @@ from aenv.machines.runtime import AGENT_PORT, Runtime
 from aenv.orchestrator.reclaim import reclaim_runtime
 from aenv.vmm import memory
 from tests.support import envd_client
+from tests.support.host import vmm_of
 
 PAUSE_LINE = re.compile(r"pause (\w+): stop=([\d.]+)ms save=([\d.]+)ms fsync=([\d.]+)ms")
 DIRTY_16M = "dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=16 conv=notrunc status=none"
@@ -72,14 +73,11 @@ def sdk_env(node: Node) -> None:
 
 
 def find_vmm(instance: str, sandbox_id: str) -> memory.RamMapping:
-    """The QEMU that maps the sandbox's RAM file (its directory may be a pooled one's)."""
-    mf = (DATA_DIR / "sandboxes" / instance / sandbox_id / "memory").resolve()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            with contextlib.suppress(OSError):
-                if "qemu" in (p / "comm").read_text():
-                    return memory.ram_mapping(int(p.name), mf)
-    raise SystemExit(f"no VMM maps {mf}")
+    """The sandbox's QEMU and its guest RAM (its directory may be a pooled one's)."""
+    vmm = vmm_of(instance, sandbox_id, DATA_DIR)
+    if vmm is None:
+        raise SystemExit(f"no VMM runs {sandbox_id}")
+    return vmm
 
 
 def cpu_ticks(pid: int) -> int:

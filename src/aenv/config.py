@@ -191,6 +191,9 @@ class Config(BaseModel):
     # create, resume or fork that would go past it first demotes the oldest hot VMMs.
     # 0: the host's MemTotal less 2 GiB.
     memory_budget_mib: int = Field(0, ge=0)
+    # How far the running sandboxes' nominal RAM may pass the budget when what they hold,
+    # measured, fits it (orchestrator/memory_admission.py).
+    memory_overcommit: float = Field(4.0, gt=0)
     max_concurrent_boots: int = 4
     # SIGTERM: "kill" ends every running sandbox; "pause" pauses them (resumable after a
     # restart). Paused sandboxes stay paused either way.
@@ -331,6 +334,7 @@ _SIMPLE_ENV = {
     "HOT_PSI_AVG10": "hot_psi_avg10",
     "RECLAIM_IDLE_S": "reclaim_idle_s",
     "MEMORY_BUDGET_MIB": "memory_budget_mib",
+    "MEMORY_OVERCOMMIT": "memory_overcommit",
     "SLOT_NETWORK": "slot_network",
     "WARM_POOL_SIZE": "warm_pool_size",
     "PRIMED_POOL_SIZE": "primed_pool_size",

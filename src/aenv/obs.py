@@ -51,6 +51,8 @@ HOT_DEMOTIONS = Counter(
     "Hot-paused sandboxes made cold (their VMM ended), by why: age, budget, memory, pressure, "
     "shutdown", ["reason"],
 )  # fmt: skip
+SANDBOX_MEMORY = Gauge("aenv_sandbox_memory_bytes",
+                       "Summed PSS of the running sandboxes' VMMs (shared pages once)")
 RESUMES = Counter("aenv_resumes_total", "Resumes of paused sandboxes by tier", ["tier"])
 
 

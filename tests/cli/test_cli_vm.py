@@ -75,6 +75,16 @@ def test_exec_exit_codes_and_streams(vm_node: Node, sandbox: str) -> None:
     assert ANSI not in p.stdout + p.stderr
 
 
+def test_ls_wide_shows_the_memory_a_sandbox_holds(vm_node: Node, sandbox: str) -> None:
+    p = vm_node.cli("ls", "--wide", "--table", env={"COLUMNS": "250"})
+    assert p.returncode == 0, p.stderr
+    head, *rows = p.stdout.splitlines()
+    assert "HELD" in head and "OWN" in head and "SHARED" in head, head
+    row = next(r for r in rows if r.startswith(sandbox)).split()
+    mib = [int(row[i - 1]) for i, w in enumerate(row) if w == "MiB"]  # memory, held, own, shared
+    assert len(mib) == 4 and mib[0] == 512 and mib[1] > 0, row
+
+
 def test_upload_and_download_directories(vm_node: Node, sandbox: str, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "sub" / "empty").mkdir(parents=True)

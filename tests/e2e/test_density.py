@@ -12,7 +12,7 @@ import pytest
 from e2b import Sandbox
 
 from aenv.storage.templates import TemplateCatalog
-from tests.support.host import DATA_DIR, vmm_of
+from tests.support.host import DATA_DIR, qemu_pids, vmm_of
 
 from .conftest import NodeProcess, running_node
 
@@ -151,5 +151,33 @@ def test_an_idle_sandbox_hands_back_what_it_wrote(tmp_path: Path) -> None:
             # Nothing lost: its memory and its processes are as they were.
             assert _sh(sbx, "md5sum /dev/shm/big | cut -d' ' -f1") == digest
             assert _sh(sbx, "pgrep -x sleep >/dev/null && echo alive") == "alive"
+        finally:
+            sbx.kill()
+
+
+def test_a_create_past_what_the_node_holds_is_429_and_leaves_nothing(tmp_path: Path) -> None:
+    # A budget of 150 MiB: the first sandbox fits its estimate (a quarter of 512 MiB); once
+    # measured (~100 MiB held), a second one does not.
+    with running_node(tmp_path, AENV_MEMORY_BUDGET_MIB="150", AENV_MEMORY_OVERCOMMIT="10",
+                      AENV_METRICS_INTERVAL_S="1") as n:  # fmt: skip
+        instance = n.env["AENV_INSTANCE"]
+        sbx = Sandbox.create("base", timeout=300)
+        try:
+            with n.api() as api:
+                # GET shows what it holds, measured.
+                info = api.get(f"/sandboxes/{sbx.sandbox_id}").json()["hostMemory"]
+                assert 0 < info["sharedMiB"] + info["ownMiB"] <= info["residentMiB"] + 1
+                assert info["pssMiB"] > 0
+                time.sleep(2.5)  # measured by the sampler
+                vms = qemu_pids(instance)
+                r = api.post("/sandboxes", json={"templateID": "base", "timeout": 60})
+                assert r.status_code == 429, r.text
+                assert r.headers.get("retry-after") == "5"
+                body = r.json()
+                assert body["code"] == 429 and "budget of 150 MiB" in body["message"], body
+                assert [s["sandboxID"] for s in api.get("/v2/sandboxes").json()] == [
+                    sbx.sandbox_id]
+                assert qemu_pids(instance) == vms
+                assert "aenv_sandbox_memory_bytes" in api.get("/metrics").text
         finally:
             sbx.kill()

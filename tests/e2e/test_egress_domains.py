@@ -24,7 +24,7 @@ from e2b import Sandbox, Secret
 from aenv.network import netns as ns
 from tests.support import census
 from tests.support.guest import held_connection
-from tests.support.host import DATA_DIR
+from tests.support.host import guest_ram
 from tests.support.internet import (
     Dnsmasq,
     HttpServer,
@@ -343,7 +343,7 @@ def test_a_rule_injects_a_secret_the_guest_never_holds_and_other_tls_is_untouche
         assert no_ca.startswith("failed")  # the node's CA does not vouch for it
         assert [r.get("authorization") for r in web.https.requests] == [None]
         # The value is nowhere the guest can reach: its processes' environments, its
-        # files, its memory (the VM's RAM file, which does hold what the guest saw).
+        # files, its memory (its guest RAM, which does hold what the guest saw).
         sbx.commands.run(f"echo {SEEN_MARKER} > /tmp/seen && cat /tmp/seen")
         envs = sbx.commands.run("cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | "
                                 "grep -c sk-test- || true").stdout.strip()  # fmt: skip
@@ -353,8 +353,7 @@ def test_a_rule_injects_a_secret_the_guest_never_holds_and_other_tls_is_untouche
         assert (envs, files) == ("0", "")
         assert sbx.commands.run("echo $SSL_CERT_FILE").stdout.strip() == (
             "/etc/ssl/certs/ca-certificates.crt")
-        ram = (DATA_DIR / "sandboxes" / node.env["AENV_INSTANCE"] / sbx.sandbox_id / "memory")
-        data = ram.read_bytes()
+        data = guest_ram(node.env["AENV_INSTANCE"], sbx.sandbox_id)
         assert SEEN_MARKER.encode() in data and SECRET_VALUE.encode() not in data
         # A deleted secret: the request is answered 502 and never sent without it.
         Secret.destroy("test-api-key")

@@ -88,3 +88,13 @@ def vmm_of(instance: str, sandbox_id: str, data_dir: Path = DATA_DIR) -> RamMapp
             continue
         return RamMapping(r.pid, r.start, r.end)
     return None
+
+
+def guest_ram(instance: str, sandbox_id: str, data_dir: Path = DATA_DIR) -> bytes:
+    """The running sandbox's guest RAM as its VMM sees it (its written pages are its own
+    anonymous memory until a save: not in any file), read through /proc/<pid>/mem."""
+    vmm = vmm_of(instance, sandbox_id, data_dir)
+    assert vmm is not None, f"no VMM runs {sandbox_id}"
+    with open(f"/proc/{vmm.pid}/mem", "rb", buffering=0) as f:
+        f.seek(vmm.start)
+        return f.read(vmm.end - vmm.start)

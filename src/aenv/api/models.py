@@ -184,7 +184,17 @@ class ListedSandbox(BaseModel):
     volumeMounts: list[dict[str, str]] | None = None  # [{name, path}], set only if any
 
 
+class HostMemory(BaseModel):
+    """aenv: what a running sandbox's VMM holds of the host's memory, MiB (docs/api.md)."""
+
+    residentMiB: float  # guest RAM mapped by its VMM
+    sharedMiB: float  # of it, pages other VMs map too (its snapshot's)
+    ownMiB: float  # of it, pages only it maps (what it wrote, what it alone read)
+    pssMiB: float  # the VMM's proportional share: shared pages split, QEMU's own included
+
+
 class SandboxDetail(ListedSandbox):
+    hostMemory: HostMemory | None = None
     envdAccessToken: str | None = None
     domain: str | None = None
     allowInternetAccess: bool | None = None

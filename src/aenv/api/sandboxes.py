@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Annotated
@@ -15,6 +16,7 @@ from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import (
     ConnectSandbox,
     Error,
+    HostMemory,
     Lifecycle,
     ListedSandbox,
     NetworkInfo,
@@ -49,6 +51,7 @@ MAX_PAGE = 100
 _errors: dict[int | str, dict[str, object]] = {
     s: {"model": Error} for s in (400, 401, 404, 409, 429, 500, 507)
 }
+MIB = 1 << 20
 log = logging.getLogger("aenv.api")
 router = APIRouter(dependencies=[Depends(require_api_key)], responses=_errors)
 
@@ -119,7 +122,8 @@ def _network_info(rec: SandboxRecord) -> NetworkInfo:
     return info
 
 
-def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
+def _detail(request: Request, rec: SandboxRecord, host_memory: HostMemory | None = None
+            ) -> SandboxDetail:  # fmt: skip
     fields = _listed_fields(request, rec) | {
         "domain": request.app.state.domain,
         "allowInternetAccess": rec.allow_internet,
@@ -132,7 +136,21 @@ def _detail(request: Request, rec: SandboxRecord) -> SandboxDetail:
         fields["pauseMode"] = rec.pause_mode or "full"
     if rec.access_token is not None:
         fields["envdAccessToken"] = rec.access_token
+    if host_memory is not None:
+        fields["hostMemory"] = host_memory
     return SandboxDetail(**fields)
+
+
+async def _host_memory(request: Request, rec: SandboxRecord) -> HostMemory | None:
+    """What the sandbox's VMM holds, measured now (a runtime without VMMs has nothing)."""
+    measure = getattr(_orch(request).runtime, "host_memory", None)
+    if measure is None or PUBLIC_STATE[rec.state] != "running":
+        return None
+    m = await asyncio.to_thread(measure, rec.sandbox_id)
+    if m is None:
+        return None
+    return HostMemory(residentMiB=round(m.resident / MIB, 1), sharedMiB=round(m.shared / MIB, 1),
+                      ownMiB=round(m.own / MIB, 1), pssMiB=round(m.pss / MIB, 1))
 
 
 def _unsupported_network(network: SandboxNetwork | SandboxNetworkUpdate | None) -> None:
@@ -259,7 +277,8 @@ async def list_sandboxes(
 
 @router.get("/sandboxes/{sandbox_id}", operation_id="getSandbox", response_model_exclude_unset=True)
 async def get_sandbox(request: Request, sandbox_id: str) -> SandboxDetail:
-    return _detail(request, _orch(request).get(sandbox_id))
+    rec = _orch(request).get(sandbox_id)
+    return _detail(request, rec, await _host_memory(request, rec))
 
 
 @router.delete("/sandboxes/{sandbox_id}", operation_id="killSandbox",

@@ -171,6 +171,9 @@ def ls(
         show_default=False)] = None,
     as_json: JsonOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only ids.")] = False,
+    wide: Annotated[bool, typer.Option(
+        "--wide", "-w", help="Also the host memory each running sandbox holds, measured.")
+    ] = False,
 ) -> None:
     """List sandboxes, newest first."""
     if state is not None:
@@ -182,6 +185,11 @@ def ls(
         state = ",".join(parts)
     with Node() as node:
         items = node.sandboxes(state)
+        if wide:
+            for s in items:
+                if s.get("state") == "running":
+                    with contextlib.suppress(CliError):  # gone meanwhile
+                        s["hostMemory"] = node.sandbox(s["sandboxID"]).get("hostMemory")
     if quiet:
         output.print_lines([s["sandboxID"] for s in items])
     elif output.want_json(as_json):
@@ -196,13 +204,22 @@ def ls(
                 output.until(s.get("endAt")),
                 str(s.get("cpuCount", "")),
                 f"{s.get('memoryMB', '')} MiB",
+                *(_held(s.get("hostMemory")) if wide else []),
                 ",".join(f"{k}={v}" for k, v in (s.get("metadata") or {}).items()),
             ]
             for s in items
         ]
+        held = ["HELD", "OWN", "SHARED"] if wide else []
         output.print_table(
-            ["ID", "TEMPLATE", "STATE", "STARTED", "EXPIRES", "CPU", "MEMORY", "METADATA"], rows
-        )
+            ["ID", "TEMPLATE", "STATE", "STARTED", "EXPIRES", "CPU", "MEMORY", *held,
+             "METADATA"], rows)  # fmt: skip
+
+
+def _held(m: dict[str, float] | None) -> list[str]:
+    """PSS, own and shared guest RAM (GET /sandboxes/{id} `hostMemory`), or blanks."""
+    if not m:
+        return ["-", "-", "-"]
+    return [f"{m['pssMiB']:.0f} MiB", f"{m['ownMiB']:.0f} MiB", f"{m['sharedMiB']:.0f} MiB"]
 
 
 # --- exec -------------------------------------------------------------------------------------

@@ -110,6 +110,8 @@ class Cloning:
                 # One inode for every VM of the snapshot: one page cache (vmm/ram.py).
                 ram.place(src_dir / "memory", spec.memory_file)
                 clone(src_dir / "disk", workdir / "disk")
+            else:
+                ram.readable(spec.memory_file)
             self._own(workdir / "disk", slot.tap_uid)
             t1 = time.perf_counter()
             vm = await self.driver.spawn(spec, incoming=True)

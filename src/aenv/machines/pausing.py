@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from aenv.faults import fault
-from aenv.machines import adoption, agent_replies, guest_flush, hot, reclaiming
+from aenv.machines import adoption, agent_replies, guest_flush, hot, meter, reclaiming
 from aenv.machines.agent_replies import GuestReplyError
 from aenv.machines.api import (
     AGENT_PORT,
@@ -75,6 +75,24 @@ class Pausing:
         m = self._machines[name]
         await self._settled(m)
         return await reclaiming.reclaim(m)
+
+    def vmm_pss(self) -> dict[str, int]:
+        """Each running sandbox's VMM's PSS, bytes (blocking: a read of /proc each)."""
+        out = {}
+        for name, m in list(self._machines.items()):
+            with contextlib.suppress(OSError):
+                out[name] = meter.process_pss(m.vm.pid)
+        return out
+
+    def host_memory(self, name: str) -> meter.HostMemory | None:
+        """What a running sandbox's VMM holds (None when it runs none)."""
+        m = self._machines.get(name)
+        if m is None:
+            return None
+        try:
+            return meter.host_memory(m.vm.pid, m.vm.spec.memory_file)
+        except OSError:
+            return None
 
     # -- pause / resume / fork ---------------------------------------------------------
     async def pause(self, name: str, *, memory: bool = True,

@@ -1,9 +1,10 @@
 """Admission: whether the node takes an operation, decided before it touches anything.
 
-In order: the node is not shutting down (503), the team's limits, `max_sandboxes` and
-`max_concurrent_boots` (429; a team's limit says Should-Retry false, a full node gives
-Retry-After), and free space on the data filesystem (507, `space.py`). Callers insert or
-CAS their record with no await after admission, so the counts stay exact. In a cluster the
+In order: the node is not shutting down (503), the team's limits, `max_sandboxes`, the
+node's memory (`memory_admission.py`) and `max_concurrent_boots` (429; a team's limit says
+Should-Retry false, a full node gives Retry-After), and free space on the data filesystem
+(507, `space.py`). Callers insert or CAS their record with no await after admission, so
+the counts stay exact. In a cluster the
 team's limits are also checked across nodes, in the placement transaction
 (`cluster/placement.py`).
 """
@@ -25,6 +26,7 @@ from aenv.orchestrator.errors import (
     SpaceExhausted,
     TeamLimitReached,
 )
+from aenv.orchestrator.memory_admission import MemoryAdmission
 from aenv.orchestrator.requests import BOOTS_RETRY_AFTER_S, FULL_RETRY_AFTER_S, CreateRequest
 from aenv.orchestrator.states import HOLDS_CAPACITY
 from aenv.teams.model import TeamNotFound
@@ -40,6 +42,8 @@ class TeamHolding(Protocol):
 
 class Admission:
     """Part of `Orchestrator` (orchestrator/service.py), whose state it uses."""
+
+    memory: MemoryAdmission
 
     team_holds: TeamHolding | None = None  # set by a node of a cluster
 
@@ -88,6 +92,11 @@ class Admission:
                 f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
                 retry_after_s=FULL_RETRY_AFTER_S,
             )
+        if vms and (why := self.memory.refusal(
+                running=self.store.count(HOLDS_CAPACITY), vms=vms, new_mib=new_mib,
+                nominal_mib=self.store.sum_memory_mib(HOLDS_CAPACITY))):
+            REJECTED_TOTAL.labels("memory").inc()
+            raise CapacityExhausted(f"cannot {op}: {why}", retry_after_s=FULL_RETRY_AFTER_S)
         if boot and self._booting >= self.config.max_concurrent_boots:
             REJECTED_TOTAL.labels("max_concurrent_boots").inc()
             raise CapacityExhausted(

@@ -8,7 +8,7 @@ import logging
 import time
 
 from aenv.machines.api import VmmExit
-from aenv.obs import log_event
+from aenv.obs import SANDBOX_MEMORY, log_event
 from aenv.orchestrator.errors import NotFound, StateConflict
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import SandboxState
@@ -86,6 +86,7 @@ async def metrics_sampler(orch: Node) -> None:
             ids = [r.sandbox_id for r in orch.routes]
             if ids:
                 await asyncio.gather(*(orch.sample(sid) for sid in ids))
+            await measure_memory(orch)
             orch.store.prune_metrics(orch.now_us() - METRICS_RETENTION_S * 1_000_000)
             if orch.logs is not None:  # the sandbox logs' queue, written here too
                 orch.logs.flush()
@@ -129,6 +130,17 @@ async def idle_reclaimer(orch: Node) -> None:
                 route.reclaimed = True
                 log_event(log, "sandbox.reclaim_failed", logging.WARNING, sandbox_id=sid,
                           error=str(e))  # fmt: skip
+
+
+async def measure_memory(orch: Node) -> None:
+    """What the running VMMs hold (the runtime's `vmm_pss`), for memory admission and
+    /metrics."""
+    measure = getattr(orch.runtime, "vmm_pss", None)
+    if measure is None:
+        return
+    pss = await asyncio.to_thread(measure)
+    orch.memory.record(list(pss.values()))
+    SANDBOX_MEMORY.set(sum(pss.values()))
 
 
 def _snapshot_store(orch: Node) -> SnapshotStore | None:

@@ -8,6 +8,7 @@ from typing import Protocol
 from aenv.config import Config
 from aenv.machines.api import Runtime, SandboxHandle, VmmExit
 from aenv.orchestrator.locks import Joiner, SandboxLocks
+from aenv.orchestrator.memory_admission import MemoryAdmission
 from aenv.orchestrator.routes import RouteTable
 from aenv.orchestrator.store import SandboxRecord, Store
 
@@ -17,6 +18,7 @@ class Node(Protocol):
     store: Store
     runtime: Runtime
     routes: RouteTable
+    memory: MemoryAdmission
     # Its bookkeeping that the background tasks share with it.
     _locks: SandboxLocks
     _joiner: Joiner

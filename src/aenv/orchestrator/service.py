@@ -19,6 +19,7 @@ from aenv import faults, obs
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
 from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
+from aenv.machines.hot import memory_budget_mib
 from aenv.network.egress import EgressPolicy
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, log_event, stage
 from aenv.orchestrator import background, mounts, recovery, space
@@ -32,6 +33,7 @@ from aenv.orchestrator.errors import (
 )
 from aenv.orchestrator.forking import Forking
 from aenv.orchestrator.locks import Joiner, SandboxLocks
+from aenv.orchestrator.memory_admission import MemoryAdmission
 from aenv.orchestrator.networking import Networking
 from aenv.orchestrator.observing import Observing
 from aenv.orchestrator.pausing import Pausing
@@ -80,6 +82,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         self._locks = SandboxLocks(config.transition_wait_s)
         self._joiner = Joiner()
         self._booting = 0
+        self.memory = MemoryAdmission(memory_budget_mib(config), config.memory_overcommit)
         self._accepting = False
         # Held off for a while, not shutting down: fenced (cut off from the cluster: nothing
         # starts a VM) or draining (no new sandboxes; those it has go on).

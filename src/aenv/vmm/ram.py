@@ -250,11 +250,20 @@ def forget_base(memory_file: Path) -> None:
         memory_file.with_name(name).unlink(missing_ok=True)
 
 
+def readable(memory_file: Path) -> None:
+    """A VM's RAM files readable by any jail: they are immutable, but one a node fetched or
+    took over may have come as 0600."""
+    for p in (memory_file, memory_file.with_name(BASE_NAME)):
+        if p.exists():
+            p.chmod(0o444)
+
+
 def place(src: Path, dst: Path) -> None:
     """Make `dst` (a VM's `memory`) the same immutable RAM file as `src` (a snapshot's, or
     a paused VM's), by hard links, so every VM mapping it shares one page cache; its base is
     `src`'s base and runs when it has them (a paused VM's), else `src` itself. Replaces
     `dst` (a placeholder a pooled VMM may still map)."""
+    readable(src)
     if src.parent.resolve() == dst.parent.resolve():
         return  # a paused VM restored in its own directory: its files are in place
     src_base = src.with_name(BASE_NAME)
