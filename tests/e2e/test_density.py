@@ -4,13 +4,13 @@ hands back what it wrote (machines/reclaiming.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
 import pytest
 from e2b import Sandbox
 
+from aenv.storage.checksums import sha256_file
 from aenv.storage.templates import TemplateCatalog
 from tests.support.host import DATA_DIR, qemu_pids, vmm_of
 
@@ -55,19 +55,11 @@ def _ram(instance: str, sid: str) -> tuple[int, int, int]:
     return got["Rss:"], got["Pss:"], got["Anonymous:"]
 
 
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def test_clean_pages_are_shared_and_writes_stay_own(node: NodeProcess) -> None:
     instance = node.env["AENV_INSTANCE"]
     snap = TemplateCatalog(DATA_DIR / "templates").get("base").snapshot_id
     template_ram = DATA_DIR / "snapshots" / snap / "memory"
-    before = _sha(template_ram)
+    before = sha256_file(template_ram)
     boxes = [Sandbox.create("base", timeout=300) for _ in range(4)]
     extra: list[Sandbox] = []
     snapshot_id = None
@@ -129,7 +121,7 @@ def test_clean_pages_are_shared_and_writes_stay_own(node: NodeProcess) -> None:
         if snapshot_id:
             with node.api() as api:
                 api.delete(f"/templates/{snapshot_id}")
-    assert _sha(template_ram) == before, "the template's RAM file changed"
+    assert sha256_file(template_ram) == before, "the template's RAM file changed"
 
 
 def test_an_idle_sandbox_hands_back_what_it_wrote(tmp_path: Path) -> None:

@@ -83,10 +83,9 @@ def vmm_of(instance: str, sandbox_id: str, data_dir: Path = DATA_DIR) -> RamMapp
     # By its directory on the command line: VMs of one template map one RAM file.
     for pid in qemu_pids_with(str(vm_dir).encode() + b"/"):
         try:
-            r = ram.mapping(pid, vm_dir / "memory")
+            return ram.mapping(pid, vm_dir / "memory")
         except OSError:
             continue
-        return RamMapping(r.pid, r.start, r.end)
     return None
 
 

@@ -228,5 +228,4 @@ def page_in(h: HotVm) -> None:
 
 def _region(h: HotVm) -> memory.RamMapping:
     """Its guest RAM: the VMAs of its base and its own RAM file (vmm/ram.py)."""
-    r = ram.mapping(h.pid, h.machine.vm.spec.memory_file)
-    return memory.RamMapping(r.pid, r.start, r.end)
+    return ram.mapping(h.pid, h.machine.vm.spec.memory_file)

@@ -30,7 +30,7 @@ class Reclaimed:
 
 def _resident(pid: int, memory_file: os.PathLike[str]) -> int:
     r = ram.mapping(pid, memory_file)  # type: ignore[arg-type]
-    return sum(n for _, n in memory.resident_runs(memory.RamMapping(r.pid, r.start, r.end)))
+    return sum(n for _, n in memory.resident_runs(r))
 
 
 def _write_and_drop(m: Machine) -> int:

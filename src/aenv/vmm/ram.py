@@ -29,12 +29,12 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from aenv.storage.files import clone, fsync_path
 from aenv.vmm.base import VmmError
+from aenv.vmm.memory import RamMapping
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 REBASE_SIGNAL = signal.SIGRTMIN + 4
@@ -55,17 +55,8 @@ class RamError(VmmError):
     pass
 
 
-@dataclass(frozen=True)
-class Mapping:
-    """A VMM's guest RAM mapping: [start, end) in the process's address space."""
-
-    pid: int
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
+# A VMM's guest RAM: [start, end) in its address space (one type with the hot tier's).
+Mapping = RamMapping
 
 
 # -- the preloaded library --------------------------------------------------------------
