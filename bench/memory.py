@@ -252,6 +252,8 @@ def bench_node(**env: str) -> Iterator[Api]:
         finally:
             api.c.close()
             node.stop()
+            # The node's log outlives the run, for a figure that needs explaining.
+            shutil.copyfile(node.log, Path(tempfile.gettempdir()) / "aenv-bench-node.log")
 
 
 # --- parts -------------------------------------------------------------------------------------

@@ -202,7 +202,7 @@ class Cloning:
             await self._flush_guest(m, strict=False)
         try:
             if manifest.memory:
-                await self._save(m, state)
+                await self._save(m, state)  # the VMM goes on: rebased onto its RAM file
             else:
                 await m.vm.pause()  # stop vCPUs: nothing more reaches the disk
                 await asyncio.to_thread(fsync_path, m.workdir / "disk")

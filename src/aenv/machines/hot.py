@@ -48,6 +48,11 @@ class HotVm:
     runs: list[tuple[int, int]] = field(default_factory=list)
     rss: int = 0  # the process's resident bytes when last looked at
     release: asyncio.TimerHandle | None = None
+    releasing: asyncio.Task[None] | None = None
+    # The pause's save: its VMM still holds the written pages as its own (anonymous)
+    # memory until the release rebases it onto its RAM file (vmm/ram.py).
+    saved: ram.Saved | None = None
+    broken: bool = False  # a rebase failed: its RAM is not to be trusted, its files are
 
     @property
     def pid(self) -> int:
@@ -117,10 +122,10 @@ class HotTier:
         await asyncio.gather(*(self.demote(n, "shutdown") for n in list(self._hot)))
 
     # -- in and out ----------------------------------------------------------------------
-    async def keep(self, m: Machine) -> None:
+    async def keep(self, m: Machine, saved: ram.Saved | None = None) -> None:
         """`m` (stopped, its paused state durable) stays hot; the oldest others go cold
         if the budget is exceeded now."""
-        h = HotVm(m)
+        h = HotVm(m, saved=saved)
         with contextlib.suppress(OSError):
             h.rss = memory.process_rss(h.pid)
         self._hot[m.name] = h
@@ -155,13 +160,18 @@ class HotTier:
     def _start_release(self, name: str, h: HotVm) -> None:
         if self._hot.get(name) is not h:
             return
-        t = asyncio.get_running_loop().create_task(self._release(name, h))
+        t = h.releasing = asyncio.get_running_loop().create_task(self._release(name, h))
         self._releases.add(t)
         t.add_done_callback(self._releases.discard)
 
     async def _release(self, name: str, h: HotVm) -> None:
         try:
             await asyncio.to_thread(release, h)
+        except ram.RamError as e:  # its RAM may be half rebased: only the files are sure
+            h.broken = True
+            log.warning("rebasing the RAM of hot %s failed: %s", name, e)
+            if self._hot.get(name) is h:
+                await self.demote(name, "error")
         except OSError as e:  # its VMM ended meanwhile: its watcher reports that
             log.info("releasing the RAM of hot %s failed: %s", name, e)
         self._gauges()
@@ -211,8 +221,22 @@ class HotTier:
         HOT_RSS.set(sum(h.rss for h in self._hot.values()))
 
 
+async def released(h: HotVm) -> None:
+    """Wait for a release under way (taken out of the tier, `h` gets no new one): it must
+    not rebase a VMM that runs again. One that failed has its VMM ended."""
+    if h.releasing is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(h.releasing)
+    if h.broken:
+        raise ram.RamError(f"the hot VMM of {h.machine.name} failed its rebase")
+
+
 def release(h: HotVm) -> None:
-    """Record which guest pages are resident, then drop them from the VMM (blocking)."""
+    """Map the guest's written pages from its RAM file (the pause wrote them there), record
+    which guest pages are resident, then drop them from the VMM (blocking)."""
+    if h.saved is not None:
+        ram.remap(h.pid, h.machine.vm.spec.memory_file, h.saved)
+        h.saved = None
     m = _region(h)
     h.runs = memory.resident_runs(m)
     memory.page_out(m)

@@ -44,31 +44,26 @@ log = logging.getLogger(__name__)
 class Pausing:
     """Part of `Runtime` (machines/runtime.py), whose state it uses."""
 
-    async def _save(self, m: Machine, state: Path) -> tuple[float, float, float]:
+    async def _save(self, m: Machine, state: Path, *, remap: bool = True
+                    ) -> tuple[ram.Saved, tuple[float, float, float]]:
         """Stop vCPUs and make device state, RAM and disk durable in the VM's files: the
-        pages the guest wrote go into a new RAM file, which the VMM then maps in place of
-        the old one (`vmm/ram.py`). Returns how long stopping, saving and writing took (s):
-        bench/fast.py's limit for a pause."""
+        pages the guest wrote go into its RAM file (`vmm/ram.py`), which the VMM then maps
+        in their place unless `remap` is false (a VMM that ends, or a hot one: its tier
+        rebases it before handing its RAM back). Returns what was saved and how long
+        stopping, saving and writing took (s): bench/fast.py's limit for a pause."""
         t0 = time.perf_counter()
         await m.vm.pause()
         fault("save.after_stop")
         t1 = time.perf_counter()
         await m.vm.save(state)
         t2 = time.perf_counter()
-        await asyncio.gather(asyncio.to_thread(self._write_ram, m),
-                             *(asyncio.to_thread(fsync_path, m.workdir / f)
-                               for f in ("disk", state.name)))
-        return t1 - t0, t2 - t1, time.perf_counter() - t2
-
-    @staticmethod
-    def _write_ram(m: Machine) -> int:
-        """The guest's written pages into a new `memory` file, then the VMM rebased onto it
-        (blocking; the VM is stopped). Returns the bytes written."""
         spec = m.vm.spec
-        mapping = ram.mapping(m.vm.pid, spec.memory_file, spec.shape.memory_mib << 20)
-        n = ram.save(mapping, spec.memory_file)
-        ram.remap(m.vm.pid, spec.memory_file)
-        return n
+        size = spec.shape.memory_mib << 20
+        write = ram.save_and_remap if remap else ram.save
+        saved, *_ = await asyncio.gather(
+            asyncio.to_thread(write, m.vm.pid, spec.memory_file, size),
+            *(asyncio.to_thread(fsync_path, m.workdir / f) for f in ("disk", state.name)))
+        return saved, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     async def reclaim_memory(self, name: str) -> reclaiming.Reclaimed:
         """An idle running sandbox hands back the memory its guest wrote (reclaiming.py)."""
@@ -109,9 +104,10 @@ class Pausing:
         if not memory:
             await self._flush_guest(m, strict=require_healthy_guest)
         took = (0.0, 0.0, 0.0)
+        saved = None
         try:
             if memory:
-                took = await self._save(m, m.workdir / "state")
+                saved, took = await self._save(m, m.workdir / "state", remap=False)
             else:
                 await m.vm.pause()  # stop vCPUs: nothing more reaches the disk
             fault("pause.after_save")
@@ -131,21 +127,21 @@ class Pausing:
                 log.exception("pause of %s failed and its VM cannot continue", name)
                 await self.destroy(name)
             raise
-        if memory and self.hot.enabled:
-            await self._keep_hot(m)
+        if saved is not None and self.hot.enabled:
+            await self._keep_hot(m, saved)
             return
         await self._stop(m)
         if not memory:
             await asyncio.to_thread(self._keep_disk_only, m.workdir)
 
-    async def _keep_hot(self, m: Machine) -> None:
+    async def _keep_hot(self, m: Machine, saved: ram.Saved) -> None:
         """The paused state is durable: keep the stopped VMM and its slot (hot tier). It is
         no longer the sandbox's running VM, so its adoption record goes: a node restart
         reclaims it and the sandbox resumes cold."""
         self._machines.pop(m.name, None)
         with contextlib.suppress(OSError):
             await asyncio.to_thread(adoption.remove, m.workdir)
-        await self.hot.keep(m)
+        await self.hot.keep(m, saved)
 
     def tier(self, name: str) -> str | None:
         """A paused sandbox's tier, "hot" or "cold"; None when it is not paused."""
@@ -221,7 +217,10 @@ class Pausing:
     async def resume(self, name: str, init: AgentInit, *, memory: bool = True
                      ) -> SandboxHandle:
         if memory and name in self.hot:
-            return await self._resume_hot(name, init)
+            try:
+                return await self._resume_hot(name, init)
+            except ram.RamError as e:  # its VMM is ended; its paused files are whole
+                log.warning("hot resume of %s failed, resuming cold: %s", name, e)
         await self.hot.demote(name, "reboot")  # a reboot needs its files, not its VMM
         if not memory or not self.paused_with_memory(name):
             return await self._reboot(name, init)
@@ -250,6 +249,11 @@ class Pausing:
         assert h is not None
         m = h.machine
         t0 = time.perf_counter()
+        try:
+            await hot.released(h)  # a rebase must not run beside the guest
+        except ram.RamError:
+            await self._stop(m)
+            raise
         try:
             fault("resume.before_restore")
             await asyncio.to_thread(self._forget_paused, m.workdir)

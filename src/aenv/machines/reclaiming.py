@@ -35,9 +35,7 @@ def _resident(pid: int, memory_file: os.PathLike[str]) -> int:
 
 def _write_and_drop(m: Machine) -> int:
     spec = m.vm.spec
-    region = ram.mapping(m.vm.pid, spec.memory_file, spec.shape.memory_mib << 20)
-    written = ram.save(region, spec.memory_file)
-    ram.remap(m.vm.pid, spec.memory_file)
+    written = ram.save_and_remap(m.vm.pid, spec.memory_file, spec.shape.memory_mib << 20).written
     # Its own file's pages are clean (fsynced): out of the page cache too.
     fd = os.open(spec.memory_file, os.O_RDONLY)
     try:

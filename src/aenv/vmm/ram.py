@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -85,21 +86,33 @@ def shim_env(memory_file: Path, workdir: Path, lib: Path) -> dict[str, str]:
 
 
 # -- the mapping -------------------------------------------------------------------------
-def mapping(pid: int, memory_file: Path, size: int | None = None) -> Mapping:
-    """The VMM's guest-RAM region: the VMAs of its RAM file and of the base beside it
-    (`BASE_NAME`; a rebase maps both), contiguous. A rename over the file leaves
-    " (deleted)" behind until the next rebase."""
+def _scan(pid: int, memory_file: Path) -> tuple[int, int, bool]:
+    """[lo, hi) over the VMAs of the VM's RAM files (`memory`, and `BASE_NAME` beside it:
+    a rebase maps both), and whether any maps a `memory` that a rename has replaced
+    (" (deleted)" until the next full rebase)."""
     names = {str(memory_file), str(memory_file.with_name(BASE_NAME))}
     lo = hi = -1
+    stale = False
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             parts = line.split(maxsplit=5)
-            if len(parts) < 6 or parts[5].rstrip("\n").removesuffix(" (deleted)") not in names:
+            if len(parts) < 6:
                 continue
+            path = parts[5].rstrip("\n")
+            name = path.removesuffix(" (deleted)")
+            if name not in names:
+                continue
+            stale = stale or name != path
             a, _, b = parts[0].partition("-")
             start, end = int(a, 16), int(b, 16)
             lo = start if lo < 0 else min(lo, start)
             hi = max(hi, end)
+    return lo, hi, stale
+
+
+def mapping(pid: int, memory_file: Path, size: int | None = None) -> Mapping:
+    """The VMM's guest-RAM region: the VMAs of its RAM files, contiguous (`_scan`)."""
+    lo, hi, _ = _scan(pid, memory_file)
     if lo < 0 or (size is not None and hi - lo != size):
         raise RamError(f"process {pid} does not map {memory_file} whole")
     return Mapping(pid, lo, hi)
@@ -115,6 +128,28 @@ def written_runs(m: Mapping) -> list[tuple[int, int]]:
     return [(x.start() * PAGE, (x.end() - x.start()) * PAGE) for x in _RUN.finditer(flags)]
 
 
+def _copy_runs(m: Mapping, dst: int, runs: list[tuple[int, int]]) -> int:
+    """Copy the runs from the (stopped) VMM's guest RAM into the file `dst` at the same
+    offsets, durable. Returns the bytes copied."""
+    copied = 0
+    mem = os.open(f"/proc/{m.pid}/mem", os.O_RDONLY)
+    try:
+        for off, length in runs:
+            done = 0
+            while done < length:
+                n = min(_COPY_CHUNK, length - done)
+                data = os.pread(mem, n, m.start + off + done)
+                if len(data) != n:
+                    raise RamError(f"short read of guest RAM at {off + done:#x}")
+                os.pwrite(dst, data, off + done)
+                done += n
+            copied += length
+    finally:
+        os.close(mem)
+    os.fsync(dst)
+    return copied
+
+
 def write_back(m: Mapping, base: Path, out: Path,
                runs: list[tuple[int, int]] | None = None) -> int:
     """Write `out`: a clone of `base` (the file whose content the mapping shows where the
@@ -123,26 +158,13 @@ def write_back(m: Mapping, base: Path, out: Path,
     runs = written_runs(m) if runs is None else runs
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    copied = 0
     try:
         clone(base, tmp)
-        mem = os.open(f"/proc/{m.pid}/mem", os.O_RDONLY)
         dst = os.open(tmp, os.O_WRONLY)
         try:
-            for off, length in runs:
-                done = 0
-                while done < length:
-                    n = min(_COPY_CHUNK, length - done)
-                    data = os.pread(mem, n, m.start + off + done)
-                    if len(data) != n:
-                        raise RamError(f"short read of guest RAM at {off + done:#x}")
-                    os.pwrite(dst, data, off + done)
-                    done += n
-                copied += length
-            os.fsync(dst)
+            copied = _copy_runs(m, dst, runs)
         finally:
             os.close(dst)
-            os.close(mem)
         os.chown(tmp, 0, 0)
         tmp.chmod(0o444)
         os.replace(tmp, out)
@@ -153,15 +175,15 @@ def write_back(m: Mapping, base: Path, out: Path,
     return copied
 
 
-def rebase(pid: int, workdir: Path, base: Path, overlay: Path | None = None,
+def rebase(pid: int, workdir: Path, base: Path | None, overlay: Path | None = None,
            runs: list[tuple[int, int]] | None = None, timeout_s: float = REBASE_TIMEOUT_S
            ) -> None:
-    """Have the (stopped) VMM map `base` over its guest RAM, then `overlay` over `runs`
-    (`ramshim.c`)."""
+    """Have the (stopped) VMM map `base` over its guest RAM (None: leave it), then
+    `overlay` over `runs` (`ramshim.c`)."""
     ctl = workdir / CTL_NAME
     ack = workdir / f"{CTL_NAME}.ack"
     ack.unlink(missing_ok=True)
-    lines = [str(base), str(overlay or "")]
+    lines = [str(base or ""), str(overlay or "")]
     lines += [f"{off} {n}" for off, n in (runs or []) if overlay]
     ctl.write_text("\n".join(lines) + "\n")
     ctl.chmod(0o644)
@@ -183,27 +205,61 @@ def rebase(pid: int, workdir: Path, base: Path, overlay: Path | None = None,
 
 
 # -- a VM's RAM files: memory, and the base it was restored from --------------------------
-def save(m: Mapping, memory_file: Path) -> int:
-    """Write the guest's written pages into a new `memory_file` (the VMM is stopped), and,
-    when the VM has a base (`BASE_NAME`), first the runs where that file differs from it
-    (`RUNS_NAME`: a superset is safe, a subset never exists). Returns the bytes written."""
+@dataclass(frozen=True)
+class Saved:
+    written: int  # bytes of guest RAM written into the file
+    runs: list[tuple[int, int]]  # where
+    # Written into the inode the VMM maps already (nothing else links it): a rebase need
+    # map only `runs`.
+    in_place: bool
+
+
+def save(pid: int, memory_file: Path, size: int) -> Saved:
+    """Make `memory_file` the (stopped) VMM's guest RAM. Its written pages go into the file
+    in place when no other name links it (no snapshot or VM maps that inode) and the VMM
+    maps no older one: the pages it maps from the file elsewhere are unchanged. Else into
+    a new file (`write_back`). When the VM has a base (`BASE_NAME`), the runs where
+    `memory` differs from it (`RUNS_NAME`) are written first: a superset is safe, a subset
+    never exists."""
+    lo, hi, stale = _scan(pid, memory_file)
+    if lo < 0 or hi - lo != size:
+        raise RamError(f"process {pid} does not map {memory_file} whole")
+    m = Mapping(pid, lo, hi)
     runs = written_runs(m)
     if memory_file.with_name(BASE_NAME).exists():
-        union = merge_runs([*read_runs(memory_file), *runs])
-        write_runs(memory_file, union)
-    return write_back(m, memory_file, memory_file, runs)
+        write_runs(memory_file, merge_runs([*read_runs(memory_file), *runs]))
+    if os.stat(memory_file).st_nlink == 1 and not stale:
+        dst = os.open(memory_file, os.O_WRONLY)
+        try:
+            return Saved(_copy_runs(m, dst, runs), runs, True)
+        finally:
+            os.close(dst)
+    return Saved(write_back(m, memory_file, memory_file, runs), runs, False)
 
 
-def remap(pid: int, memory_file: Path) -> None:
+def remap(pid: int, memory_file: Path, saved: Saved | None = None) -> None:
     """Rebase the VMM onto its RAM files: the base (shared with every VM of its snapshot)
     with `memory` over the runs the guest wrote, or `memory` whole when there is no base or
-    the runs are too many for one mapping each."""
+    the runs are too many for one mapping each. After a save in place only the runs it
+    wrote change: `memory` is mapped over them, the rest stays as it is."""
     base = memory_file.with_name(BASE_NAME)
     runs = read_runs(memory_file) if base.exists() else []
-    if base.exists() and len(runs) <= MAX_RUNS:
+    if len(runs) > MAX_RUNS:
+        rebase(pid, memory_file.parent, memory_file)
+    elif saved is not None and saved.in_place:
+        rebase(pid, memory_file.parent, None, memory_file, saved.runs)
+    elif base.exists():
         rebase(pid, memory_file.parent, base, memory_file, runs)
     else:
         rebase(pid, memory_file.parent, memory_file)
+
+
+def save_and_remap(pid: int, memory_file: Path, size: int) -> Saved:
+    """The guest's written pages into its RAM file, then the VMM rebased onto it (blocking;
+    the VM is stopped)."""
+    saved = save(pid, memory_file, size)
+    remap(pid, memory_file, saved)
+    return saved
 
 
 def merge_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -87,7 +87,8 @@ static size_t next_line(const char *buf, size_t n, size_t i, char *out, size_t c
 
 /* The ctl file: the base file's path, then the overlay's path (or an empty line), then one
  * "offset length" line (decimal bytes) per run the overlay provides. The base is mapped over
- * the whole of guest RAM, then the overlay over its runs. */
+ * the whole of guest RAM (an empty line: what is mapped stays), then the overlay over its
+ * runs. */
 static void rebase(int sig) {
     (void)sig;
     int saved = errno;
@@ -112,7 +113,7 @@ static void rebase(int sig) {
     size_t n = (size_t)size, i = 0;
     i = next_line(buf, n, i, base, sizeof base);
     i = next_line(buf, n, i, overlay, sizeof overlay);
-    int err = map_file(base, 0, ram_len);
+    int err = base[0] ? map_file(base, 0, ram_len) : 0;
     while (err == 0 && overlay[0] && i < n) {
         i = next_line(buf, n, i, line, sizeof line);
         char *end;
