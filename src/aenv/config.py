@@ -133,6 +133,10 @@ class Config(BaseModel):
     secrets_key_file: Path | None = None
 
     accel: Literal["auto", "kvm", "tcg"] = "auto"
+    # Under TCG, each VMM's translated-code buffer (MiB), most of QEMU's own memory once a
+    # guest has run a while; smaller costs re-translation (docs/runtime.md, "QEMU's own
+    # memory"). Not used under KVM.
+    tcg_tb_mib: int = Field(64, ge=8, le=1024)
     qemu_binary: str = "qemu-system-x86_64"
     # Any other bzImage; empty means the kernel aenv builds from linux-source-6.12.
     kernel_path: Path | None = None
@@ -321,6 +325,7 @@ _SIMPLE_ENV = {
     "TLS_KEY_FILE": "tls_key_file",
     "SECRETS_KEY_FILE": "secrets_key_file",
     "ACCEL": "accel",
+    "TCG_TB_MIB": "tcg_tb_mib",
     "QEMU_BINARY": "qemu_binary",
     "KERNEL_PATH": "kernel_path",
     "DEFAULT_TEMPLATE": "default_template",

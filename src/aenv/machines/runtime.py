@@ -92,7 +92,8 @@ class Runtime(Pausing, Cloning, Adopting):
         # given by its factory: this plane does not import the orchestrator).
         self._reclaimer = reclaimer
         self.driver = QemuDriver(
-            binary=cfg.qemu_binary, accel=cfg.accel, probe_kernel=cfg.kernel_path,
+            binary=cfg.qemu_binary, accel=cfg.accel, tcg_tb_mib=cfg.tcg_tb_mib,
+            probe_kernel=cfg.kernel_path,
             cache_dir=cfg.artifacts_dir, memory_overhead_mib=cfg.jail_memory_overhead_mib,
             pids_max=cfg.jail_pids_max, jail_prefix=f"{cfg.instance}-",
         )

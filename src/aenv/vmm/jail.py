@@ -48,7 +48,9 @@ class JailSpec:
 
 
 # The jail's whole environment: the node's own (which may hold secrets) is not passed on.
-JAIL_ENV = {"PATH": "/usr/sbin:/usr/bin"}
+JAIL_ENV = {"PATH": "/usr/sbin:/usr/bin",
+            # One malloc arena for all of QEMU's threads: ~4 MiB less a VMM, no slower.
+            "GLIBC_TUNABLES": "glibc.malloc.arena_max=1"}
 
 
 def command(spec: JailSpec, argv: list[str], root_fd: int) -> list[str]:

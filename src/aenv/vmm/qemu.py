@@ -164,12 +164,14 @@ class QemuDriver(Driver):
     name = "qemu"
 
     def __init__(self, binary: str = "qemu-system-x86_64", accel: str = "auto",
-                 probe_kernel: Path | None = None, cache_dir: Path | None = None,
+                 tcg_tb_mib: int = 64, probe_kernel: Path | None = None,
+                 cache_dir: Path | None = None,
                  memory_overhead_mib: int = 384, pids_max: int = 256,
                  jail_prefix: str = "") -> None:
         self.binary = binary
         self.ram_shim: Path | None = None  # built by check() (needs cache_dir)
         self.requested_accel = accel
+        self.tcg_tb_mib = tcg_tb_mib
         self.probe_kernel = probe_kernel
         self.cache_dir = cache_dir
         self.memory_overhead_mib = memory_overhead_mib
@@ -287,8 +289,8 @@ class QemuDriver(Driver):
             "-no-reboot",
             "-S",
         ]
-        # A smaller TCG translation cache keeps QEMU's own RSS down.
-        a += ["-accel", "tcg,tb-size=64" if accel is Accel.TCG else "kvm"]
+        # The TCG translation cache is most of QEMU's own memory (config.tcg_tb_mib).
+        a += ["-accel", f"tcg,tb-size={self.tcg_tb_mib}" if accel is Accel.TCG else "kvm"]
         for i, d in enumerate(spec.drives):
             opts = f"id=d{i},file={d.path},format=raw,if=none,werror=report,rerror=report"
             opts += ",readonly=on" if d.read_only else ",discard=unmap"

@@ -173,9 +173,10 @@ async def test_real_qemu_runs_in_the_minimal_root(runtime, sandbox_id):
                               str(runtime.driver.ram_shim)}
             assert [p for p in os.listdir(root / "proc") if p.isdigit()] == ["1"]
             environ = Path(f"/proc/{h.vmm_pid}/environ").read_bytes().split(b"\0")
-            # PATH, and what the RAM library reads (vmm/ram.py): nothing of the node's own.
+            # PATH, malloc's tuning, and what the RAM library reads (vmm/ram.py): nothing of
+            # the node's own.
             assert sorted(e.split(b"=")[0] for e in environ if e) == [
-                b"AENV_RAM_CTL", b"AENV_RAM_FILE", b"LD_PRELOAD", b"PATH"]
+                b"AENV_RAM_CTL", b"AENV_RAM_FILE", b"GLIBC_TUNABLES", b"LD_PRELOAD", b"PATH"]
             assert b"PATH=" + jail.JAIL_ENV["PATH"].encode() in environ
     finally:
         await runtime.kill(a)
