@@ -173,3 +173,27 @@ def test_a_create_past_what_the_node_holds_is_429_and_leaves_nothing(tmp_path: P
                 assert "aenv_sandbox_memory_bytes" in api.get("/metrics").text
         finally:
             sbx.kill()
+
+
+def test_under_pressure_an_idle_sandbox_is_reclaimed_before_a_create_is_refused(
+        tmp_path: Path) -> None:
+    # A holds ~280 MiB once it wrote 160 MiB (PSS: its pages, its share of the template's,
+    # QEMU's own); a create would take the node to twice that, past 400 MiB. Reclaimed, A
+    # holds ~120 MiB and B fits. The idle timer alone would take an hour.
+    with running_node(tmp_path, AENV_MEMORY_BUDGET_MIB="400", AENV_MEMORY_OVERCOMMIT="10",
+                      AENV_RECLAIM_IDLE_S="3600", AENV_PRIMED_POOL_SIZE="0") as n:  # fmt: skip
+        a = Sandbox.create("base", timeout=300)
+        b = None
+        try:
+            digest = _sh(a, "head -c 160M /dev/urandom > /dev/shm/big && "
+                            "md5sum /dev/shm/big | cut -d' ' -f1")  # fmt: skip
+            time.sleep(6)  # past PRESSURE_IDLE_S with no request
+            b = Sandbox.create("base", timeout=300)
+            log = n.log.read_text()
+            assert "sandbox.reclaimed" in log and "reason=pressure" in log, log[-3000:]
+            assert _sh(a, "md5sum /dev/shm/big | cut -d' ' -f1") == digest
+            assert _sh(b, "echo ok") == "ok"
+        finally:
+            a.kill()
+            if b is not None:
+                b.kill()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aenv.config import Config
+from aenv.machines import meter
 from aenv.obs import HOT_DEMOTIONS, HOT_RSS, HOT_VMS, log_event
 from aenv.vmm import memory, ram
 
@@ -104,6 +105,18 @@ class HotTier:
 
     def names(self) -> set[str]:
         return set(self._hot)
+
+    def oldest(self, but: str | None = None) -> str | None:
+        """The sandbox paused hot longest ago (other than `but`): the first to go cold."""
+        return next((n for n in self._hot if n != but), None)
+
+    def pss(self) -> int:
+        """What the hot VMMs hold in all, bytes (PSS; blocking)."""
+        total = 0
+        for h in list(self._hot.values()):
+            with contextlib.suppress(OSError):
+                total += meter.process_pss(h.pid)
+        return total
 
     def get(self, name: str) -> HotVm | None:
         return self._hot.get(name)

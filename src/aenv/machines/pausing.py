@@ -79,6 +79,10 @@ class Pausing:
                 out[name] = meter.process_pss(m.vm.pid)
         return out
 
+    def hot_pss(self) -> int:
+        """What the hot VMMs hold in all, bytes (blocking)."""
+        return self.hot.pss()
+
     def host_memory(self, name: str) -> meter.HostMemory | None:
         """What a running sandbox's VMM holds (None when it runs none)."""
         m = self._machines.get(name)

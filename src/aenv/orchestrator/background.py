@@ -8,7 +8,8 @@ import logging
 import time
 
 from aenv.machines.api import VmmExit
-from aenv.obs import SANDBOX_MEMORY, log_event
+from aenv.obs import log_event
+from aenv.orchestrator import memory_pressure
 from aenv.orchestrator.errors import NotFound, StateConflict
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import SandboxState
@@ -86,7 +87,7 @@ async def metrics_sampler(orch: Node) -> None:
             ids = [r.sandbox_id for r in orch.routes]
             if ids:
                 await asyncio.gather(*(orch.sample(sid) for sid in ids))
-            await measure_memory(orch)
+            await memory_pressure.measure(orch)
             orch.store.prune_metrics(orch.now_us() - METRICS_RETENTION_S * 1_000_000)
             if orch.logs is not None:  # the sandbox logs' queue, written here too
                 orch.logs.flush()
@@ -101,46 +102,17 @@ async def metrics_sampler(orch: Node) -> None:
 
 async def idle_reclaimer(orch: Node) -> None:
     """Hand back the memory of running sandboxes with no data-plane request in flight and
-    none for `reclaim_idle_s` (the runtime's `reclaim_memory`), once per idle spell. A sandbox an
-    operation holds is left for the next round."""
+    none for `reclaim_idle_s` (the runtime's `reclaim_memory`), once per idle spell. A
+    sandbox an operation holds is left for the next round."""
     idle_s = orch.config.reclaim_idle_s
-    reclaim = getattr(orch.runtime, "reclaim_memory", None)
-    if idle_s <= 0 or reclaim is None:
+    if idle_s <= 0 or getattr(orch.runtime, "reclaim_memory", None) is None:
         return
     while True:
         await asyncio.sleep(max(0.5, idle_s / 4))
         now = time.monotonic()
         for route in list(orch.routes):
-            sid = route.sandbox_id
-            if (route.streams or route.reclaimed or now - route.last_active < idle_s
-                    or orch._locks.locked(sid) or orch._closing):
-                continue
-            try:
-                async with orch._locks.hold(sid):
-                    if orch.routes.get(sid) is not route or route.streams:
-                        continue
-                    r = await reclaim(sid)
-                route.reclaimed = True
-                log_event(log, "sandbox.reclaimed", sandbox_id=sid,
-                          written_mib=round(r.written / MIB, 1),
-                          resident_mib=round(r.resident_before / MIB, 1),
-                          after_mib=round(r.resident_after / MIB, 1),
-                          stopped_ms=round(r.stopped_ms, 1))  # fmt: skip
-            except Exception as e:  # it stays as it was: tried again after its next request
-                route.reclaimed = True
-                log_event(log, "sandbox.reclaim_failed", logging.WARNING, sandbox_id=sid,
-                          error=str(e))  # fmt: skip
-
-
-async def measure_memory(orch: Node) -> None:
-    """What the running VMMs hold (the runtime's `vmm_pss`), for memory admission and
-    /metrics."""
-    measure = getattr(orch.runtime, "vmm_pss", None)
-    if measure is None:
-        return
-    pss = await asyncio.to_thread(measure)
-    orch.memory.record(list(pss.values()))
-    SANDBOX_MEMORY.set(sum(pss.values()))
+            if memory_pressure.reclaimable(orch, route, idle_s, now):
+                await memory_pressure.reclaim(orch, route, "idle")
 
 
 def _snapshot_store(orch: Node) -> SnapshotStore | None:

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.obs import OPS_TOTAL, log_event, stage
-from aenv.orchestrator import mounts
+from aenv.orchestrator import memory_pressure, mounts
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import (
     CapacityExhausted,
@@ -250,12 +250,15 @@ class Forking:
             paused = src.state is S.PAUSED
             if not paused:
                 src = self._running_for(sandbox_id, "a fork")
+            await memory_pressure.relieve(self, count * src.memory_mib, count, keep=sandbox_id)
             self._refuse(new=True)
             await held.enter_async_context(self.team_hold(
                 src.team_id, count, count * src.memory_mib, f"fork {count}"))
             self.admit_team(src.team_id, count, count * src.memory_mib, f"fork {count}")
-            room = max(0, self.config.max_sandboxes - self.store.count(HOLDS_CAPACITY))
-            n = min(count, room)
+            running = self.store.count(HOLDS_CAPACITY)
+            room = max(0, self.config.max_sandboxes - running)
+            n = self.memory.room(running=running, per_mib=src.memory_mib, want=min(count, room),
+                                 nominal_mib=self.store.sum_memory_mib(HOLDS_CAPACITY))
             self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
             ttl = src.timeout_s if timeout_s is None else timeout_s
             kids = [self._child_record(src, ttl) for _ in range(n)]

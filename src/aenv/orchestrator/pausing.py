@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from aenv.faults import fault
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, log_event, stage
+from aenv.orchestrator import memory_pressure
 from aenv.orchestrator.errors import ShuttingDown, StateConflict, TeamLimitReached
 from aenv.orchestrator.requests import agent_init
 from aenv.orchestrator.routes import Route
@@ -107,6 +108,7 @@ class Pausing:
         filesystem-only pause): a reboot is a cold boot, admitted as one."""
         sid = rec.sandbox_id
         reboot = not memory or rec.pause_mode == "filesystem"
+        await memory_pressure.relieve(self, rec.memory_mib, keep=sid)
         self._admit(rec.memory_mib, "resume a sandbox", boot=reboot, new=False,
                     team_id=rec.team_id)
         if self.shared is not None:

@@ -22,7 +22,7 @@ from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
 from aenv.machines.hot import memory_budget_mib
 from aenv.network.egress import EgressPolicy
 from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, log_event, stage
-from aenv.orchestrator import background, mounts, recovery, space
+from aenv.orchestrator import background, memory_pressure, mounts, recovery, space
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.admission import Admission
 from aenv.orchestrator.errors import (
@@ -292,6 +292,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         info = await self._resolve(req.template, req.team_id)  # TemplateNotFound -> 404
         volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts, req.team_id)
         shape = self._shape(info.shape, req)
+        await memory_pressure.relieve(self, shape.memory_mib)
         # From the admission check to the insert there is no await: the count stays exact.
         if req.sandbox_id is not None and (req.existing_only or self.store.get(req.sandbox_id)):
             return await self._made(req.sandbox_id)

@@ -38,3 +38,16 @@ def test_an_estimate_never_passes_the_nominal_ram() -> None:
     a = MemoryAdmission(budget_mib=1000, overcommit=4)
     a.record([900 * MIB])
     assert a.estimate_mib(256) == 256
+
+
+def test_hot_vmms_count_as_held_and_a_fork_gets_the_children_that_fit() -> None:
+    a = MemoryAdmission(budget_mib=1000, overcommit=10)
+    a.record([100 * MIB] * 2, kept_bytes=300 * MIB)
+    assert a.held_mib(running=2, nominal_mib=512) == 500
+    # 500 held + n x 100 estimated <= 1000: five children of the eight asked for.
+    assert a.room(running=2, nominal_mib=1024, per_mib=512, want=8) == 5
+    # The nominal bound holds too: 1024 + n x 512 <= 10000 allows 17 of 20, the held part 5.
+    assert a.room(running=2, nominal_mib=1024, per_mib=512, want=20) == 5
+    a = MemoryAdmission(budget_mib=1000, overcommit=2)
+    a.record([10 * MIB] * 2)
+    assert a.room(running=2, nominal_mib=1024, per_mib=512, want=8) == 1  # 1024 + 512 <= 2000

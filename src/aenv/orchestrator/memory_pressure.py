@@ -1,0 +1,98 @@
+"""Memory pressure on a node (docs/runtime.md, "Guest memory"): what its VMMs hold,
+measured; and, before admission refuses work for memory, in this order: idle running
+sandboxes hand back what their guests wrote, then the oldest hot VMMs become cold. Only
+then does a create, resume or fork get its 429 (`memory_admission.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aenv.obs import SANDBOX_MEMORY, log_event
+from aenv.orchestrator.node import Node
+from aenv.orchestrator.routes import Route
+from aenv.orchestrator.states import HOLDS_CAPACITY
+
+log = logging.getLogger("aenv.orchestrator")
+
+MIB = 1 << 20
+# Under pressure a sandbox with no request for this long is reclaimed at once, before its
+# reclaim_idle_s is up.
+PRESSURE_IDLE_S = 5.0
+# A measurement older than this is taken again before pressure is relieved.
+FRESH_S = 2.0
+
+
+async def measure(orch: Node) -> None:
+    """What the running VMMs hold (the runtime's `vmm_pss`) and what hot VMMs hold
+    (`hot_pss`), for memory admission and /metrics."""
+    running = getattr(orch.runtime, "vmm_pss", None)
+    if running is None:
+        return
+    pss = await asyncio.to_thread(running)
+    hot = getattr(orch.runtime, "hot_pss", None)
+    kept = await asyncio.to_thread(hot) if hot is not None else 0
+    orch.memory.record(list(pss.values()), kept)
+    SANDBOX_MEMORY.set(sum(pss.values()))
+
+
+def reclaimable(orch: Node, route: Route, idle_s: float, now: float) -> bool:
+    return not (route.streams or route.reclaimed or now - route.last_active < idle_s
+                or orch._locks.locked(route.sandbox_id) or orch._closing)  # fmt: skip
+
+
+async def reclaim(orch: Node, route: Route, why: str) -> bool:
+    """Have the runtime take back what the route's (idle) sandbox wrote; once per idle
+    spell: its next request clears `route.reclaimed`. False when it was busy or gone."""
+    sid = route.sandbox_id
+    try:
+        async with orch._locks.hold(sid):
+            if orch.routes.get(sid) is not route or route.streams:
+                return False
+            r = await orch.runtime.reclaim_memory(sid)  # type: ignore[attr-defined]
+        route.reclaimed = True
+        log_event(log, "sandbox.reclaimed", sandbox_id=sid, reason=why,
+                  written_mib=round(r.written / MIB, 1),
+                  resident_mib=round(r.resident_before / MIB, 1),
+                  after_mib=round(r.resident_after / MIB, 1),
+                  stopped_ms=round(r.stopped_ms, 1))  # fmt: skip
+        return True
+    except Exception as e:  # it stays as it was: tried again after its next request
+        route.reclaimed = True
+        log_event(log, "sandbox.reclaim_failed", logging.WARNING, sandbox_id=sid,
+                  error=str(e))  # fmt: skip
+        return False
+
+
+async def relieve(orch: Node, new_mib: int, vms: int = 1, *, keep: str | None = None
+                  ) -> None:
+    """Make room for `vms` sandboxes of `new_mib` MiB in all when what the node holds would
+    refuse them: reclaim idle sandboxes (most idle first), then demote hot VMMs (oldest
+    first; not `keep`, the sandbox the caller resumes or forks), measuring after each.
+    Best effort: admission decides after."""
+    if vms <= 0 or getattr(orch.runtime, "vmm_pss", None) is None:
+        return
+
+    def short() -> bool:
+        running = orch.store.count(HOLDS_CAPACITY)
+        return orch.memory.short_of(running=running, vms=vms, new_mib=new_mib) is not None
+
+    m = orch.memory.measured
+    if m is None or time.monotonic() - m.at > FRESH_S:
+        await measure(orch)
+    if not short():
+        return
+    if orch.config.reclaim_idle_s > 0 and hasattr(orch.runtime, "reclaim_memory"):
+        now = time.monotonic()
+        idle = sorted((r for r in orch.routes if reclaimable(orch, r, PRESSURE_IDLE_S, now)),
+                      key=lambda r: r.last_active)  # fmt: skip
+        for route in idle:
+            if await reclaim(orch, route, "pressure"):
+                await measure(orch)
+                if not short():
+                    return
+    hot = getattr(orch.runtime, "hot", None)
+    while hot is not None and (oldest := hot.oldest(keep)) is not None and short():
+        await hot.demote(oldest, "memory")
+        await measure(orch)
