@@ -14,7 +14,7 @@ from aenv.storage.checksums import sha256_file
 from aenv.storage.templates import TemplateCatalog
 from tests.support.host import DATA_DIR, qemu_pids, vmm_of
 
-from .conftest import NodeProcess, running_node
+from .conftest import NodeProcess, free_port, running_node, start_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -197,3 +197,55 @@ def test_under_pressure_an_idle_sandbox_is_reclaimed_before_a_create_is_refused(
             a.kill()
             if b is not None:
                 b.kill()
+
+
+def test_writes_stay_own_through_a_node_kill_9_and_its_readoption(
+        tmp_path: Path, instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Running sandboxes (one a fork child sharing its parent's pages) are re-adopted by
+    # the next node process; a hot-paused one resumes cold from its files. Each keeps its
+    # own counter (RAM) and file (disk), and saves after the adoption are whole.
+    snap = TemplateCatalog(DATA_DIR / "templates").get("base").snapshot_id
+    template_ram = DATA_DIR / "snapshots" / snap / "memory"
+    before = sha256_file(template_ram)
+    port = free_port()
+    a = start_node(tmp_path / "a.log", instance, monkeypatch, port)
+    b = None
+    boxes: list[Sandbox] = []
+    try:
+        try:
+            x, y = Sandbox.create("base", timeout=600), Sandbox.create("base", timeout=600)
+            boxes += [x, y]
+            _mark(x, "x")
+            _mark(y, "y")
+            _bump(x)
+            with a.api() as api:
+                r = api.post(f"/sandboxes/{x.sandbox_id}/fork", json={"count": 1})
+                assert r.status_code in (200, 201), r.text
+            kid = Sandbox.connect(r.json()[0]["sandbox"]["sandboxID"], timeout=600)
+            boxes.append(kid)
+            assert _seen(kid) == ("x", "2")
+            _mark(kid, "kid")
+            _bump(x)
+            assert y.pause()  # hot: its VMM outlives the node, the next one ends it
+        finally:
+            a.kill9()
+        b = start_node(tmp_path / "b.log", instance, monkeypatch, port)
+        done = [ln for ln in b.tail(400).splitlines() if "recovery.done" in ln]
+        assert done and "adopted=2" in done[-1], done  # x and its child: the same VMMs
+        assert _seen(x) == ("x", "3") and _seen(kid) == ("kid", "1"), b.tail()
+        y = Sandbox.connect(y.sandbox_id, timeout=600)
+        assert _seen(y) == ("y", "1")
+        for s in (x, kid, y):
+            _bump(s)
+        # A save of an adopted VM (pause, resume) keeps what it holds.
+        assert x.pause()
+        x = Sandbox.connect(x.sandbox_id, timeout=600)
+        assert _seen(x) == ("x", "4") and _seen(kid) == ("kid", "2") and _seen(y) == ("y", "2")
+    finally:
+        if b is None:
+            b = start_node(tmp_path / "b.log", instance, monkeypatch, port)
+        for s in boxes:
+            s.kill()
+        code = b.stop()
+    assert code == 0, b.tail()
+    assert sha256_file(template_ram) == before, "the template's RAM file changed"
