@@ -197,8 +197,8 @@ class HotTier:
         return memory_budget_mib(self.cfg)
 
     async def make_room(self, committed_mib: int, new_mib: int) -> None:
-        """Demote the oldest hot VMMs while `committed_mib` (running VMs' RAM) + the hot
-        VMMs' resident memory + `new_mib` is over the node's memory budget."""
+        """Demote the oldest hot VMMs while `committed_mib` (what running VMMs hold) + the
+        hot VMMs' resident memory + `new_mib` is over the node's memory budget."""
         budget = self.memory_budget_mib()
         while self._hot and committed_mib + self.resident_mib() + new_mib > budget:
             await self.demote(next(iter(self._hot)), "memory")

@@ -319,12 +319,12 @@ class Pausing:
         if r.status >= 300:
             log.warning("clock push to %s answered %s", m.name, r.status)
 
-    def _committed_mib(self) -> int:
-        return sum(m.vm.spec.shape.memory_mib for m in self._machines.values())
-
     async def make_room(self, new_mib: int) -> None:
-        """Demote hot VMMs, oldest first, while the node's memory budget lacks `new_mib`."""
-        await self.hot.make_room(self._committed_mib(), new_mib)
+        """Demote hot VMMs, oldest first, while the node's memory budget lacks `new_mib`
+        beside what the running VMMs hold (measured: with overcommit their nominal RAM may
+        pass the budget)."""
+        held = await asyncio.to_thread(self.vmm_pss)
+        await self.hot.make_room(sum(held.values()) >> 20, new_mib)
 
     async def _reboot(self, name: str, init: AgentInit) -> SandboxHandle:
         """Resume by reboot: cold-boot the paused sandbox's own disk with the kernel, tools

@@ -259,6 +259,8 @@ class Forking:
             room = max(0, self.config.max_sandboxes - running)
             n = self.memory.room(running=running, per_mib=src.memory_mib, want=min(count, room),
                                  nominal_mib=self.store.sum_memory_mib(HOLDS_CAPACITY))
+            full = (f"the node is at its limit of {self.config.max_sandboxes} running sandboxes"
+                    if n == room else "the node's memory budget holds no more sandboxes")
             self._admit_space(n * src.memory_mib, f"fork {n} sandboxes")
             ttl = src.timeout_s if timeout_s is None else timeout_s
             kids = [self._child_record(src, ttl) for _ in range(n)]
@@ -297,9 +299,8 @@ class Forking:
             for k, r in zip(kids, results[:n], strict=True):
                 out.append(self._fork_child_started(k, r))
             out += results[n:]  # the children other nodes started (rendered there)
-        out += [CapacityExhausted(
-            f"the node is at its limit of {self.config.max_sandboxes} running sandboxes",
-            retry_after_s=FULL_RETRY_AFTER_S) for _ in range(count - len(out))]  # fmt: skip
+        out += [CapacityExhausted(full, retry_after_s=FULL_RETRY_AFTER_S)
+                for _ in range(count - len(out))]
         ok = sum(isinstance(r, SandboxRecord) for r in out)
         OPS_TOTAL.labels("fork", "ok").inc(ok)
         log_event(log, "sandbox.forked", sandbox_id=sandbox_id, requested=count, started=ok,
