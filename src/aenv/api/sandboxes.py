@@ -143,10 +143,10 @@ def _detail(request: Request, rec: SandboxRecord, host_memory: HostMemory | None
 
 async def _host_memory(request: Request, rec: SandboxRecord) -> HostMemory | None:
     """What the sandbox's VMM holds, measured now (a runtime without VMMs has nothing)."""
-    measure = getattr(_orch(request).runtime, "host_memory", None)
-    if measure is None or PUBLIC_STATE[rec.state] != "running":
+    pager = getattr(_orch(request).runtime, "pager", None)  # machines/paging.py
+    if pager is None or PUBLIC_STATE[rec.state] != "running":
         return None
-    m = await asyncio.to_thread(measure, rec.sandbox_id)
+    m = await asyncio.to_thread(pager.host_memory, rec.sandbox_id)
     if m is None:
         return None
     return HostMemory(residentMiB=round(m.resident / MIB, 1), sharedMiB=round(m.shared / MIB, 1),

@@ -84,12 +84,14 @@ def status(
         n.name, n.url, "draining" if n.draining else "ready",
         f"{n.usage.sandboxes}/{n.capacity.max_sandboxes}",
         str(reserved.get(n.name, Reservation()).sandboxes),
-        f"{n.usage.memory_mib + n.usage.hot_rss_mib}/{n.capacity.memory_mib}",
+        f"{n.usage.memory_mib}/{n.capacity.memory_mib}",
+        f"{n.usage.held_mib}/{n.capacity.budget_mib or n.capacity.memory_mib}",
         str(n.usage.hot_paused), str(len(n.templates)), str(len(n.snapshots)),
         n.accelerator or "-", n.version, f"{max(now - n.updated_at, 0):.0f}s",
     ] for n in nodes]  # fmt: skip
-    output.print_table(["NODE", "URL", "STATE", "SANDBOXES", "RESERVED", "MEMORY MIB", "HOT",
-                        "TEMPLATES", "SNAPSHOTS", "ACCEL", "VERSION", "UPDATED"], rows)  # fmt: skip
+    output.print_table(["NODE", "URL", "STATE", "SANDBOXES", "RESERVED", "NOMINAL MIB",
+                        "HELD MIB", "HOT", "TEMPLATES", "SNAPSHOTS", "ACCEL", "VERSION",
+                        "UPDATED"], rows)  # fmt: skip
     if not nodes:
         output.print_lines(["no nodes registered"])
 

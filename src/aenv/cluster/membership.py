@@ -34,7 +34,10 @@ RETRY_S = 1.0  # after etcd was unreachable
 
 class Capacity(BaseModel):
     max_sandboxes: int
-    memory_mib: int  # the node's memory budget for sandboxes
+    # Nominal RAM a placement may reserve there: the node's memory budget for sandboxes x
+    # its memory_overcommit (the node itself then admits by what they hold, measured).
+    memory_mib: int
+    budget_mib: int = 0  # the memory budget itself
 
 
 class Usage(BaseModel):
@@ -42,6 +45,7 @@ class Usage(BaseModel):
     memory_mib: int = 0  # their memory
     hot_paused: int = 0  # stopped VMMs kept for a fast resume (machines/hot.py)
     hot_rss_mib: int = 0
+    held_mib: int = 0  # what running and hot VMMs hold, measured (PSS)
 
 
 class NodeRecord(BaseModel):

@@ -90,6 +90,19 @@ async def request(
         raise GuestReplyError(f"agent request failed: {type(e).__name__}: {e}") from None
 
 
+async def get_object(client: httpx.AsyncClient, url: str, token: str | None, *,
+                     deadline_s: float, max_bytes: int = MAX_REPLY_BYTES) -> dict[str, Any]:
+    """GET a JSON object from the agent (its access token, if any); anything but a 200 is
+    GuestReplyError."""
+    headers = {"X-Access-Token": token} if token else {}
+    r = await request(client, "GET", url, headers=headers, deadline_s=deadline_s,
+                      max_bytes=max_bytes)
+    if r.status != 200:
+        raise GuestReplyError(f"agent {url.split('/', 3)[-1]} answered {r.status}: "
+                              f"{r.snippet()}")
+    return r.json_object()
+
+
 ReportedBytes = Annotated[int, Field(ge=0, le=MAX_REPORTED_BYTES)]
 
 

@@ -341,7 +341,7 @@ class Cloning:
                               ) -> list[SandboxHandle | BaseException]:
         """One VM per entry from a snapshot (a fork's, or a named one), each with its own
         identity: one result per child, its handle or why it failed."""
-        await self.make_room(len(children) * self._manifest(snapshot_id).shape.memory_mib)
+        await self.pager.make_room(len(children) * self._manifest(snapshot_id).shape.memory_mib)
         # All children restore at once (a restore is mostly I/O and QMP); their /init, which
         # under TCG pays for translating the agent's code, runs behind the call, at most
         # max_concurrent_boots at a time: a crowd only competes for the same CPUs and misses

@@ -95,6 +95,7 @@ class HotTier:
         self._hot: dict[str, HotVm] = {}  # oldest first
         self._keeper: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[None]] = set()
+        self._ending: dict[str, asyncio.Event] = {}  # demotions under way
 
     @property
     def enabled(self) -> bool:
@@ -156,14 +157,28 @@ class HotTier:
         return h
 
     async def demote(self, name: str, reason: str) -> bool:
+        """End the sandbox's hot VMM (its paused files stay). One that another call is
+        demoting is waited for: a cold resume must not start a jail of the same name while
+        the old one is still being torn down. False when it was not hot."""
         h = self.take(name)
         if h is None:
+            await self.ended(name)
             return False
         HOT_DEMOTIONS.labels(reason).inc()
         log_event(log, "sandbox.demoted", sandbox_id=name, reason=reason,
                   hot_s=round(time.monotonic() - h.paused_at, 1))  # fmt: skip
-        await self._demote_vm(h.machine)
+        self._ending[name] = ending = asyncio.Event()
+        try:
+            await self._demote_vm(h.machine)
+        finally:
+            ending.set()
+            self._ending.pop(name, None)
         return True
+
+    async def ended(self, name: str) -> None:
+        """Once a demotion of `name` under way, if any, has ended its VMM."""
+        if (ending := self._ending.get(name)) is not None:
+            await ending.wait()
 
     def forget(self, name: str) -> HotVm | None:
         """Its VMM is gone already (died, killed): out of the tier without a demotion."""

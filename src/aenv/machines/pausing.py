@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from aenv.faults import fault
-from aenv.machines import adoption, agent_replies, guest_flush, hot, meter, reclaiming
+from aenv.machines import adoption, agent_replies, guest_flush, hot
 from aenv.machines.agent_replies import GuestReplyError
 from aenv.machines.api import (
     AGENT_PORT,
@@ -57,41 +57,10 @@ class Pausing:
         t1 = time.perf_counter()
         await m.vm.save(state)
         t2 = time.perf_counter()
-        spec = m.vm.spec
-        size = spec.shape.memory_mib << 20
-        write = ram.save_and_remap if remap else ram.save
         saved, *_ = await asyncio.gather(
-            asyncio.to_thread(write, m.vm.pid, spec.memory_file, size),
+            asyncio.to_thread(self.pager.write, m, remap=remap),
             *(asyncio.to_thread(fsync_path, m.workdir / f) for f in ("disk", state.name)))
         return saved, (t1 - t0, t2 - t1, time.perf_counter() - t2)
-
-    async def reclaim_memory(self, name: str) -> reclaiming.Reclaimed:
-        """An idle running sandbox hands back the memory its guest wrote (reclaiming.py)."""
-        m = self._machines[name]
-        await self._settled(m)
-        return await reclaiming.reclaim(m)
-
-    def vmm_pss(self) -> dict[str, int]:
-        """Each running sandbox's VMM's PSS, bytes (blocking: a read of /proc each)."""
-        out = {}
-        for name, m in list(self._machines.items()):
-            with contextlib.suppress(OSError):
-                out[name] = meter.process_pss(m.vm.pid)
-        return out
-
-    def hot_pss(self) -> int:
-        """What the hot VMMs hold in all, bytes (blocking)."""
-        return self.hot.pss()
-
-    def host_memory(self, name: str) -> meter.HostMemory | None:
-        """What a running sandbox's VMM holds (None when it runs none)."""
-        m = self._machines.get(name)
-        if m is None:
-            return None
-        try:
-            return meter.host_memory(m.vm.pid, m.vm.spec.memory_file)
-        except OSError:
-            return None
 
     # -- pause / resume / fork ---------------------------------------------------------
     async def pause(self, name: str, *, memory: bool = True,
@@ -228,7 +197,7 @@ class Pausing:
         await self.hot.demote(name, "reboot")  # a reboot needs its files, not its VMM
         if not memory or not self.paused_with_memory(name):
             return await self._reboot(name, init)
-        await self.make_room(self.paused_manifest(name).shape.memory_mib)
+        await self.pager.make_room(self.paused_manifest(name).shape.memory_mib)
         m = await self.restore(name, None)
         RESUMES.labels("cold").inc()
         fault("resume.before_init")
@@ -318,13 +287,6 @@ class Pausing:
             return
         if r.status >= 300:
             log.warning("clock push to %s answered %s", m.name, r.status)
-
-    async def make_room(self, new_mib: int) -> None:
-        """Demote hot VMMs, oldest first, while the node's memory budget lacks `new_mib`
-        beside what the running VMMs hold (measured: with overcommit their nominal RAM may
-        pass the budget)."""
-        held = await asyncio.to_thread(self.vmm_pss)
-        await self.hot.make_room(sum(held.values()) >> 20, new_mib)
 
     async def _reboot(self, name: str, init: AgentInit) -> SandboxHandle:
         """Resume by reboot: cold-boot the paused sandbox's own disk with the kernel, tools

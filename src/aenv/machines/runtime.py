@@ -51,6 +51,7 @@ from aenv.machines.machine import (
     exit_of,
     log_tail,
 )
+from aenv.machines.paging import Pager
 from aenv.machines.pausing import Pausing
 from aenv.machines.pools import RecentPools, VmPool
 from aenv.machines.slot_volumes import SlotVolumes
@@ -133,6 +134,7 @@ class Runtime(Pausing, Cloning, Adopting):
         # The orchestrator's: (team, name) -> the value of that team's secret.
         self.secret_value: Callable[[str, str], Awaitable[str]] | None = None
         self.hot = hot.HotTier(cfg, self._stop)
+        self.pager = Pager(self._machines, self.hot, self._settled)
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
 
     # -- lifecycle of the runtime itself ------------------------------------------------
@@ -417,6 +419,7 @@ class Runtime(Pausing, Cloning, Adopting):
         if m is not None:
             await self._destroy(m)
         else:
+            await self.hot.ended(name)  # a demotion tearing its jail down
             await asyncio.to_thread(remove_tree, self.cfg.sandboxes_dir / name)
 
     async def _stop(self, m: Machine) -> None:
@@ -505,7 +508,7 @@ class Runtime(Pausing, Cloning, Adopting):
                 f"template {template} is built for {template_shape}; other shapes need a build")
         if len(self._machines) >= self.cfg.max_sandboxes:
             raise CapacityExceeded("node is at its sandbox limit")
-        await self.make_room(template_shape.memory_mib)
+        await self.pager.make_room(template_shape.memory_mib)
         await self._create_from(sandbox_id, snapshot_id, init)
         return self.handle(sandbox_id, template)
 
@@ -594,12 +597,9 @@ class Runtime(Pausing, Cloning, Adopting):
         m = self._machines.get(handle.sandbox_id)
         if m is None:
             raise RuntimeError_(f"sandbox {handle.sandbox_id} is not running")
-        headers = {"X-Access-Token": m.access_token} if m.access_token else {}
-        r = await agent_replies.request(m.http, "GET", handle.url() + path, headers=headers,
-                                        deadline_s=AGENT_METRICS_TIMEOUT, max_bytes=max_bytes)
-        if r.status != 200:
-            raise GuestReplyError(f"agent {path} answered {r.status}: {r.snippet()}")
-        return r.json_object()
+        return await agent_replies.get_object(m.http, handle.url() + path, m.access_token,
+                                              deadline_s=AGENT_METRICS_TIMEOUT,
+                                              max_bytes=max_bytes)  # fmt: skip
 
     def machines(self) -> dict[str, Machine]:
         return dict(self._machines)

@@ -102,10 +102,10 @@ async def metrics_sampler(orch: Node) -> None:
 
 async def idle_reclaimer(orch: Node) -> None:
     """Hand back the memory of running sandboxes with no data-plane request in flight and
-    none for `reclaim_idle_s` (the runtime's `reclaim_memory`), once per idle spell. A
+    none for `reclaim_idle_s` (the runtime's pager), once per idle spell. A
     sandbox an operation holds is left for the next round."""
     idle_s = orch.config.reclaim_idle_s
-    if idle_s <= 0 or getattr(orch.runtime, "reclaim_memory", None) is None:
+    if idle_s <= 0 or memory_pressure.pager_of(orch) is None:
         return
     while True:
         await asyncio.sleep(max(0.5, idle_s / 4))

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+from aenv.machines.paging import Pager
 from aenv.obs import SANDBOX_MEMORY, log_event
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.routes import Route
@@ -25,16 +26,21 @@ FRESH_S = 2.0
 
 
 async def measure(orch: Node) -> None:
-    """What the running VMMs hold (the runtime's `vmm_pss`) and what hot VMMs hold
-    (`hot_pss`), for memory admission and /metrics."""
-    running = getattr(orch.runtime, "vmm_pss", None)
-    if running is None:
+    """What the running VMMs hold and what hot VMMs hold (the runtime's pager), for memory
+    admission and /metrics."""
+    pager = pager_of(orch)
+    if pager is None:
         return
-    pss = await asyncio.to_thread(running)
-    hot = getattr(orch.runtime, "hot_pss", None)
-    kept = await asyncio.to_thread(hot) if hot is not None else 0
+    pss = await asyncio.to_thread(pager.vmm_pss)
+    kept = await asyncio.to_thread(pager.hot_pss)
     orch.memory.record(list(pss.values()), kept)
     SANDBOX_MEMORY.set(sum(pss.values()))
+
+
+def pager_of(orch: Node) -> Pager | None:
+    """The runtime's pager (machines/paging.py); a fake runtime has none."""
+    pager = getattr(orch.runtime, "pager", None)
+    return pager if isinstance(pager, Pager) else None
 
 
 def reclaimable(orch: Node, route: Route, idle_s: float, now: float) -> bool:
@@ -50,7 +56,9 @@ async def reclaim(orch: Node, route: Route, why: str) -> bool:
         async with orch._locks.hold(sid):
             if orch.routes.get(sid) is not route or route.streams:
                 return False
-            r = await orch.runtime.reclaim_memory(sid)  # type: ignore[attr-defined]
+            pager = pager_of(orch)
+            assert pager is not None
+            r = await pager.reclaim(sid)
         route.reclaimed = True
         log_event(log, "sandbox.reclaimed", sandbox_id=sid, reason=why,
                   written_mib=round(r.written / MIB, 1),
@@ -71,7 +79,7 @@ async def relieve(orch: Node, new_mib: int, vms: int = 1, *, keep: str | None = 
     refuse them: reclaim idle sandboxes (most idle first), then demote hot VMMs (oldest
     first; not `keep`, the sandbox the caller resumes or forks), measuring after each.
     Best effort: admission decides after."""
-    if vms <= 0 or getattr(orch.runtime, "vmm_pss", None) is None:
+    if vms <= 0 or pager_of(orch) is None:
         return
 
     def short() -> bool:
@@ -83,7 +91,7 @@ async def relieve(orch: Node, new_mib: int, vms: int = 1, *, keep: str | None = 
         await measure(orch)
     if not short():
         return
-    if orch.config.reclaim_idle_s > 0 and hasattr(orch.runtime, "reclaim_memory"):
+    if orch.config.reclaim_idle_s > 0:
         now = time.monotonic()
         idle = sorted((r for r in orch.routes if reclaimable(orch, r, PRESSURE_IDLE_S, now)),
                       key=lambda r: r.last_active)  # fmt: skip

@@ -4,6 +4,7 @@ pressure, shutdown). Real hot VMMs: tests/e2e/test_hot_pause.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,3 +99,33 @@ def test_psi_is_read_from_the_kernels_file(tmp_path: Path) -> None:
 def test_the_tier_is_off_at_an_age_limit_of_zero(tmp_path: Path) -> None:
     assert not _tier(tmp_path, hot_pause_s=0)[0].enabled
     assert _tier(tmp_path)[0].enabled
+
+
+async def test_a_second_demotion_or_a_kill_waits_for_the_one_under_way(tmp_path: Path) -> None:
+    # A cold resume demotes (a no-op when another call already took the VMM) and then starts
+    # a jail of the same name: it must not start before the old jail is torn down.
+    cfg = Config.model_validate({"data_dir": tmp_path, "hot_release_delay_s": 3600})
+    torn_down = asyncio.Event()
+    order: list[str] = []
+
+    async def slow_demote(m: _Machine) -> None:
+        await torn_down.wait()
+        order.append(f"{m.name} ended")
+
+    tier = hot.HotTier(cfg, slow_demote)  # type: ignore[arg-type]
+    await tier.keep(_Machine("a"))  # type: ignore[arg-type]
+    first = asyncio.create_task(tier.demote("a", "memory"))
+    await asyncio.sleep(0)
+
+    async def resume() -> None:
+        assert not await tier.demote("a", "reboot")
+        order.append("resume goes on")
+
+    second = asyncio.create_task(resume())
+    waiting = asyncio.create_task(tier.ended("a"))
+    await asyncio.sleep(0.05)
+    assert not second.done() and not waiting.done()
+    torn_down.set()
+    assert await first
+    await asyncio.gather(second, waiting)
+    assert order == ["a ended", "resume goes on"]
