@@ -18,6 +18,8 @@ sdk_suite() {  # SCRIPT [ARGS]: one of the SDK suite runners, against the reposi
 census_baseline
 
 phase long          pyt long tests -m long
+# The overcommit mix (issue 30): 32 sandboxes at 10x; fails on lost state or an OOM kill.
+phase overcommit    .venv/bin/python bench/overcommit.py --minutes 2
 # --tls: E2B_DOMAIN alone, as against E2B (the host-routing, ping and byoc-domain tests
 # build their URLs from it; docs/testing.md).
 phase sdk-sandbox   sdk_suite sdk-tests.sh -- --tls

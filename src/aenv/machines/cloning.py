@@ -324,6 +324,7 @@ class Cloning:
             await self.snapshot(name, self._manifest_of(m, snap_id, parent=name),
                                 checksums=False)  # fmt: skip
         else:
+            await self.fsyncs.wait(name)
             await asyncio.to_thread(self._snapshot_paused, name, snap_id)
         fault("fork.after_snapshot")
         try:

@@ -26,12 +26,14 @@ class Pager:
 
     # -- writing ---------------------------------------------------------------------------
     @staticmethod
-    def write(m: Machine, *, remap: bool) -> ram.Saved:
-        """The stopped guest's written pages into its RAM file; the VMM then maps them from
-        there unless `remap` is false (blocking)."""
+    def write(m: Machine, *, remap: bool, durable: bool = True) -> ram.Saved:
+        """The stopped guest's written pages into its RAM file (fsynced unless not
+        `durable`); the VMM then maps them from there unless `remap` is false (blocking)."""
         spec = m.vm.spec
-        write = ram.save_and_remap if remap else ram.save
-        return write(m.vm.pid, spec.memory_file, spec.shape.memory_mib << 20)
+        saved = ram.save(m.vm.pid, spec.memory_file, spec.shape.memory_mib << 20, durable)
+        if remap:
+            ram.remap(m.vm.pid, spec.memory_file, saved)
+        return saved
 
     async def reclaim(self, name: str) -> reclaiming.Reclaimed:
         """An idle running sandbox hands back the memory its guest wrote (reclaiming.py)."""

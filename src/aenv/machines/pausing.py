@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from aenv.faults import fault
-from aenv.machines import adoption, agent_replies, guest_flush, hot
+from aenv.machines import adoption, agent_replies, durability, guest_flush, hot
 from aenv.machines.agent_replies import GuestReplyError
 from aenv.machines.api import (
     AGENT_PORT,
@@ -44,12 +44,13 @@ log = logging.getLogger(__name__)
 class Pausing:
     """Part of `Runtime` (machines/runtime.py), whose state it uses."""
 
-    async def _save(self, m: Machine, state: Path, *, remap: bool = True
+    async def _save(self, m: Machine, state: Path, *, remap: bool = True, durable: bool = True
                     ) -> tuple[ram.Saved, tuple[float, float, float]]:
         """Stop vCPUs and make device state, RAM and disk durable in the VM's files: the
         pages the guest wrote go into its RAM file (`vmm/ram.py`), which the VMM then maps
         in their place unless `remap` is false (a VMM that ends, or a hot one: its tier
-        rebases it before handing its RAM back). Returns what was saved and how long
+        rebases it before handing its RAM back). Not `durable`: the files are left in the
+        page cache, for `durability` to fsync. Returns what was saved and how long
         stopping, saving and writing took (s): bench/fast.py's limit for a pause."""
         t0 = time.perf_counter()
         await m.vm.pause()
@@ -58,8 +59,9 @@ class Pausing:
         await m.vm.save(state)
         t2 = time.perf_counter()
         saved, *_ = await asyncio.gather(
-            asyncio.to_thread(self.pager.write, m, remap=remap),
-            *(asyncio.to_thread(fsync_path, m.workdir / f) for f in ("disk", state.name)))
+            asyncio.to_thread(self.pager.write, m, remap=remap, durable=durable),
+            *(asyncio.to_thread(fsync_path, m.workdir / f) for f in ("disk", state.name)
+              if durable))
         return saved, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     # -- pause / resume / fork ---------------------------------------------------------
@@ -78,16 +80,18 @@ class Pausing:
             await self._flush_guest(m, strict=require_healthy_guest)
         took = (0.0, 0.0, 0.0)
         saved = None
+        hot = memory and self.hot.enabled  # durable after the answer (durability.py)
         try:
             if memory:
-                saved, took = await self._save(m, m.workdir / "state", remap=False)
+                saved, took = await self._save(m, m.workdir / "state", remap=False,
+                                               durable=not hot)
             else:
                 await m.vm.pause()  # stop vCPUs: nothing more reaches the disk
             fault("pause.after_save")
             t0 = time.perf_counter()
             man = self._manifest_of(m, name)
             man.created_at = now_rfc3339()
-            await asyncio.to_thread(self._mark_paused, m.workdir, man, memory)
+            await asyncio.to_thread(self._mark_paused, m.workdir, man, memory, not hot)
             fault("pause.after_manifest")
             log.debug("pause %s: stop=%.1fms save=%.1fms fsync=%.1fms mark=%.1fms", name,
                       *(x * 1e3 for x in took), (time.perf_counter() - t0) * 1e3)
@@ -100,7 +104,8 @@ class Pausing:
                 log.exception("pause of %s failed and its VM cannot continue", name)
                 await self.destroy(name)
             raise
-        if saved is not None and self.hot.enabled:
+        if saved is not None and hot:
+            self.fsyncs.start(name, m.workdir)
             await self._keep_hot(m, saved)
             return
         await self._stop(m)
@@ -136,10 +141,10 @@ class Pausing:
                         "filesystems (%s); its disk is kept as it is", m.name, e)  # fmt: skip
 
     @staticmethod
-    def _mark_paused(workdir: Path, man: Manifest, memory: bool) -> None:
+    def _mark_paused(workdir: Path, man: Manifest, memory: bool, durable: bool = True) -> None:
         if memory:  # a resume checks it (check_restorable): ~100 KB, well under 1 ms
             man.state_sha256 = sha256_file(workdir / "state")
-        write_json_atomic(workdir / PAUSE_MARKER, {"memory": memory})
+        write_json_atomic(workdir / PAUSE_MARKER, durability.marker(memory, durable))
         # The manifest last: its presence is what makes the directory a paused sandbox.
         write_json_atomic(workdir / "manifest.json", man.to_json())
 
@@ -172,6 +177,11 @@ class Pausing:
         return isinstance(data, dict) and data.get("memory") is not False
 
     def paused_manifest(self, name: str) -> Manifest:
+        with contextlib.suppress(OSError, ValueError):
+            marker = json.loads((self.cfg.sandboxes_dir / name / PAUSE_MARKER).read_text())
+            if durability.lost(marker):
+                raise PausedStateMissing(f"sandbox {name}'s paused state was not yet on disk "
+                                         "when the host went down")  # fmt: skip
         try:
             data = json.loads((self.cfg.sandboxes_dir / name / "manifest.json").read_text())
             return Manifest.from_json(data)
@@ -189,6 +199,7 @@ class Pausing:
 
     async def resume(self, name: str, init: AgentInit, *, memory: bool = True
                      ) -> SandboxHandle:
+        self.fsyncs.taken(name)  # its marker is not written again once it is gone
         if memory and name in self.hot:
             try:
                 return await self._resume_hot(name, init)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
-from aenv.machines import adoption, agent_replies, guest_trust, hot
+from aenv.machines import adoption, agent_replies, durability, guest_trust, hot
 from aenv.machines.adopting import Adopting
 from aenv.machines.agent_replies import GuestReplyError
 from aenv.machines.api import (
@@ -135,6 +135,7 @@ class Runtime(Pausing, Cloning, Adopting):
         self.secret_value: Callable[[str, str], Awaitable[str]] | None = None
         self.hot = hot.HotTier(cfg, self._stop)
         self.pager = Pager(self._machines, self.hot, self._settled)
+        self.fsyncs = durability.Durability()  # hot pauses' files, after the answer
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
 
     # -- lifecycle of the runtime itself ------------------------------------------------
@@ -151,6 +152,7 @@ class Runtime(Pausing, Cloning, Adopting):
             built = self.cfg.artifacts_dir / "kernel" / kernel_cache_key() / "bzImage"
             self.driver.probe_kernel = built if built.exists() else None
         await asyncio.to_thread(self.driver.check)
+        await asyncio.to_thread(durability.settle_all, self.cfg.sandboxes_dir)
         self.snapshots.gc_staging()
         try:
             tpl = self.catalog.get(self.cfg.default_template)
@@ -173,6 +175,7 @@ class Runtime(Pausing, Cloning, Adopting):
         await self.egress_proxy.close()
         await self.tunnels.close()
         await self.volumes.close()
+        await self.fsyncs.close()
 
     async def settle_pool(self) -> None:
         """Wait for the pools' VMs in the making: the next restore of the default shape
@@ -414,6 +417,7 @@ class Runtime(Pausing, Cloning, Adopting):
 
     async def destroy(self, name: str) -> None:
         """End the VM (if any) and delete everything of it, paused state included."""
+        await self.fsyncs.wait(name)
         h = self.hot.forget(name)
         m = self._machines.pop(name, None) or (h.machine if h else None)
         if m is not None:

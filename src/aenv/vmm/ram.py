@@ -128,9 +128,10 @@ def written_runs(m: Mapping) -> list[tuple[int, int]]:
     return [(x.start() * PAGE, (x.end() - x.start()) * PAGE) for x in _RUN.finditer(flags)]
 
 
-def _copy_runs(m: Mapping, dst: int, runs: list[tuple[int, int]]) -> int:
+def _copy_runs(m: Mapping, dst: int, runs: list[tuple[int, int]], durable: bool = True
+               ) -> int:
     """Copy the runs from the (stopped) VMM's guest RAM into the file `dst` at the same
-    offsets, durable. Returns the bytes copied."""
+    offsets, durable unless told not (`durable_later`). Returns the bytes copied."""
     copied = 0
     mem = os.open(f"/proc/{m.pid}/mem", os.O_RDONLY)
     try:
@@ -146,15 +147,16 @@ def _copy_runs(m: Mapping, dst: int, runs: list[tuple[int, int]]) -> int:
             copied += length
     finally:
         os.close(mem)
-    os.fsync(dst)
+    if durable:
+        os.fsync(dst)
     return copied
 
 
 def write_back(m: Mapping, base: Path, out: Path,
-               runs: list[tuple[int, int]] | None = None) -> int:
+               runs: list[tuple[int, int]] | None = None, durable: bool = True) -> int:
     """Write `out`: a clone of `base` (the file whose content the mapping shows where the
-    guest did not write) with the guest's written pages over it, durable and read-only.
-    The VMM must be stopped. Returns the bytes copied."""
+    guest did not write) with the guest's written pages over it, read-only, and durable
+    unless told not. The VMM must be stopped. Returns the bytes copied."""
     runs = written_runs(m) if runs is None else runs
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
@@ -162,13 +164,14 @@ def write_back(m: Mapping, base: Path, out: Path,
         clone(base, tmp)
         dst = os.open(tmp, os.O_WRONLY)
         try:
-            copied = _copy_runs(m, dst, runs)
+            copied = _copy_runs(m, dst, runs, durable)
         finally:
             os.close(dst)
         os.chown(tmp, 0, 0)
         tmp.chmod(0o444)
         os.replace(tmp, out)
-        fsync_path(out.parent)
+        if durable:
+            fsync_path(out.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -214,27 +217,36 @@ class Saved:
     in_place: bool
 
 
-def save(pid: int, memory_file: Path, size: int) -> Saved:
+def save(pid: int, memory_file: Path, size: int, durable: bool = True) -> Saved:
     """Make `memory_file` the (stopped) VMM's guest RAM. Its written pages go into the file
     in place when no other name links it (no snapshot or VM maps that inode) and the VMM
     maps no older one: the pages it maps from the file elsewhere are unchanged. Else into
     a new file (`write_back`). When the VM has a base (`BASE_NAME`), the runs where
     `memory` differs from it (`RUNS_NAME`) are written first: a superset is safe, a subset
-    never exists."""
+    never exists. Not `durable`: nothing is fsynced; `durable_later` does it."""
     lo, hi, stale = _scan(pid, memory_file)
     if lo < 0 or hi - lo != size:
         raise RamError(f"process {pid} does not map {memory_file} whole")
     m = Mapping(pid, lo, hi)
     runs = written_runs(m)
     if memory_file.with_name(BASE_NAME).exists():
-        write_runs(memory_file, merge_runs([*read_runs(memory_file), *runs]))
+        write_runs(memory_file, merge_runs([*read_runs(memory_file), *runs]), durable)
     if os.stat(memory_file).st_nlink == 1 and not stale:
         dst = os.open(memory_file, os.O_WRONLY)
         try:
-            return Saved(_copy_runs(m, dst, runs), runs, True)
+            return Saved(_copy_runs(m, dst, runs, durable), runs, True)
         finally:
             os.close(dst)
-    return Saved(write_back(m, memory_file, memory_file, runs), runs, False)
+    return Saved(write_back(m, memory_file, memory_file, runs, durable), runs, False)
+
+
+def durable_later(memory_file: Path) -> None:
+    """What a save that was not durable left in the page cache, on disk: the RAM file, its
+    runs, and the directory (a save into a new file renamed it there)."""
+    fsync_path(memory_file)
+    if (runs := memory_file.with_name(RUNS_NAME)).exists():
+        fsync_path(runs)
+    fsync_path(memory_file.parent)
 
 
 def remap(pid: int, memory_file: Path, saved: Saved | None = None) -> None:
@@ -281,13 +293,14 @@ def read_runs(memory_file: Path) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (line.split() for line in text.splitlines() if line)]
 
 
-def write_runs(memory_file: Path, runs: list[tuple[int, int]]) -> None:
+def write_runs(memory_file: Path, runs: list[tuple[int, int]], durable: bool = True) -> None:
     path = memory_file.with_name(RUNS_NAME)
     tmp = path.with_name(f".{RUNS_NAME}.tmp")
     with open(tmp, "w") as f:
         f.write("".join(f"{off} {n}\n" for off, n in runs))
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
