@@ -239,7 +239,11 @@ class Api:
 def bench_node(**env: str) -> Iterator[Api]:
     """A node of this run's own, with the E2B SDK's env pointed at it."""
     with tempfile.TemporaryDirectory(prefix="aenv-bench-") as tmp:
-        node = Node(Path(tmp) / "node.log", **{"AENV_LOG_LEVEL": "info", **env})
+        # A baseline in the same run: the node from another checkout's src (the bench's own
+        # code stays this one's), e.g. `git worktree add /tmp/base <commit>`.
+        base = os.environ.get("AENV_BENCH_BASELINE_SRC")
+        old = {"PYTHONPATH": base} if base else {}
+        node = Node(Path(tmp) / "node.log", **{"AENV_LOG_LEVEL": "info", **old, **env})
         node.start()
         os.environ.update(E2B_API_URL=node.origin, E2B_SANDBOX_URL=node.origin,
                           E2B_API_KEY=node.key)  # fmt: skip
