@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -73,8 +75,14 @@ def test_pause_of_a_1gib_guest_writes_what_it_dirtied_not_its_ram(
             digest = _ok(sbx, f"dd if=/dev/urandom of=/dev/shm/dirty bs=1M count={DIRTY_MIB} "
                               "2>/dev/null && md5sum /dev/shm/dirty")  # fmt: skip
             assert c.post(f"/sandboxes/{sid}/pause").status_code == 204
-            written = fs.written_bytes() - before
             vm_dir = fs.data_dir / "sandboxes" / _instance(small) / sid
+            # A hot pause fsyncs its files after it answered (machines/durability.py); its
+            # marker says when that is done.
+            deadline = time.monotonic() + 30
+            while json.loads((vm_dir / "pause.json").read_text()).get("durable") is False:
+                assert time.monotonic() < deadline, "the paused state never became durable"
+                time.sleep(0.05)
+            written = fs.written_bytes() - before
             state = (vm_dir / "state").stat().st_size
             ram = (vm_dir / "memory").stat()
             print(f"pause of a {BIG_MIB} MiB guest that dirtied {DIRTY_MIB} MiB: "
