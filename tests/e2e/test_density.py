@@ -39,6 +39,14 @@ def _bump(sbx: Sandbox) -> None:
     _sh(sbx, "echo $(( $(cat /dev/shm/counter) + 1 )) > /dev/shm/counter")
 
 
+def _fork(node: NodeProcess, parent: Sandbox) -> Sandbox:
+    """One fork child of `parent` (aenv's POST /sandboxes/{id}/fork), connected."""
+    with node.api() as api:
+        r = api.post(f"/sandboxes/{parent.sandbox_id}/fork", json={"count": 1})
+        assert r.status_code in (200, 201), r.text
+    return Sandbox.connect(r.json()[0]["sandbox"]["sandboxID"], timeout=600)
+
+
 def _ram(instance: str, sid: str) -> tuple[int, int, int]:
     """(Rss, Pss, Anonymous) bytes of the sandbox's guest-RAM mapping, from its smaps."""
     vmm = vmm_of(instance, sid)
@@ -91,15 +99,13 @@ def test_clean_pages_are_shared_and_writes_stay_own(node: NodeProcess) -> None:
         assert pss_a < 0.8 * rss_a, (pss_a, rss_a)
         _bump(a)
         # Fork: the child starts from A's state; its writes are its own, and A's its own.
+        kid = _fork(node, a)
+        extra.append(kid)
+        assert _seen(kid) == ("box0", "2")
+        _mark(kid, "kid")
+        _bump(a)
+        assert _seen(kid) == ("kid", "1") and _seen(a) == ("box0", "3")
         with node.api() as api:
-            r = api.post(f"/sandboxes/{a.sandbox_id}/fork", json={"count": 1})
-            assert r.status_code in (200, 201), r.text
-            kid = Sandbox.connect(r.json()[0]["sandbox"]["sandboxID"], timeout=300)
-            extra.append(kid)
-            assert _seen(kid) == ("box0", "2")
-            _mark(kid, "kid")
-            _bump(a)
-            assert _seen(kid) == ("kid", "1") and _seen(a) == ("box0", "3")
             # Snapshot of B, and a sandbox made from it.
             r = api.post(f"/sandboxes/{b.sandbox_id}/snapshots", json={})
             assert r.status_code in (200, 201), r.text
@@ -181,7 +187,8 @@ def test_under_pressure_an_idle_sandbox_is_reclaimed_before_a_create_is_refused(
     # QEMU's own); a create would take the node to twice that, past 400 MiB. Reclaimed, A
     # holds ~120 MiB and B fits. The idle timer alone would take an hour.
     with running_node(tmp_path, AENV_MEMORY_BUDGET_MIB="400", AENV_MEMORY_OVERCOMMIT="10",
-                      AENV_RECLAIM_IDLE_S="3600", AENV_PRIMED_POOL_SIZE="0") as n:  # fmt: skip
+                      AENV_RECLAIM_IDLE_S="3600", AENV_PRIMED_POOL_SIZE="0",
+                      AENV_METRICS_INTERVAL_S="1") as n:  # fmt: skip
         a = Sandbox.create("base", timeout=300)
         b = None
         try:
@@ -218,10 +225,7 @@ def test_writes_stay_own_through_a_node_kill_9_and_its_readoption(
             _mark(x, "x")
             _mark(y, "y")
             _bump(x)
-            with a.api() as api:
-                r = api.post(f"/sandboxes/{x.sandbox_id}/fork", json={"count": 1})
-                assert r.status_code in (200, 201), r.text
-            kid = Sandbox.connect(r.json()[0]["sandbox"]["sandboxID"], timeout=600)
+            kid = _fork(a, x)
             boxes.append(kid)
             assert _seen(kid) == ("x", "2")
             _mark(kid, "kid")

@@ -68,6 +68,8 @@ class Pager:
     async def make_room(self, new_mib: int) -> None:
         """Demote hot VMMs, oldest first, while the node's memory budget lacks `new_mib`
         beside what the running VMMs hold (measured: with overcommit their nominal RAM may
-        pass the budget)."""
+        pass the budget). With no hot VMM there is nothing to demote, nor to measure."""
+        if not self._hot.names():
+            return
         held = await asyncio.to_thread(self.vmm_pss)
         await self._hot.make_room(sum(held.values()) >> 20, new_mib)

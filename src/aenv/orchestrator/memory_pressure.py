@@ -21,7 +21,8 @@ MIB = 1 << 20
 # Under pressure a sandbox with no request for this long is reclaimed at once, before its
 # reclaim_idle_s is up.
 PRESSURE_IDLE_S = 5.0
-# A measurement older than this is taken again before pressure is relieved.
+# A measurement that says "short" and is older than this is taken again before pressure is
+# relieved.
 FRESH_S = 2.0
 
 
@@ -86,11 +87,13 @@ async def relieve(orch: Node, new_mib: int, vms: int = 1, *, keep: str | None = 
         running = orch.store.count(HOLDS_CAPACITY)
         return orch.memory.short_of(running=running, vms=vms, new_mib=new_mib) is not None
 
+    if not short():
+        return  # the common case: no measurement on the way of a create
     m = orch.memory.measured
     if m is None or time.monotonic() - m.at > FRESH_S:
         await measure(orch)
-    if not short():
-        return
+        if not short():
+            return
     if orch.config.reclaim_idle_s > 0:
         now = time.monotonic()
         idle = sorted((r for r in orch.routes if reclaimable(orch, r, PRESSURE_IDLE_S, now)),
