@@ -182,6 +182,9 @@ class ListedSandbox(BaseModel):
     # aenv: a paused sandbox's tier, "hot" (its stopped VMM is kept) or "cold".
     pauseTier: Literal["hot", "cold"] | None = None
     volumeMounts: list[dict[str, str]] | None = None  # [{name, path}], set only if any
+    # aenv, running only: false once its agent missed 3 probes in a row (docs/api.md).
+    envdReachable: bool | None = None
+    envdLastReachedAt: str | None = None  # RFC 3339; set once a probe was answered
 
 
 class HostMemory(BaseModel):

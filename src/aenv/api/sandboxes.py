@@ -92,7 +92,19 @@ def _listed_fields(request: Request, rec: SandboxRecord) -> dict[str, object]:
         "metadata": rec.metadata,
         "pauseTier": _orch(request).runtime.tier(rec.sandbox_id) if paused else None,
     } | ({"volumeMounts": [{"name": n, "path": p} for n, p, _ in rec.volume_mounts]}
-         if rec.volume_mounts else {})  # fmt: skip
+         if rec.volume_mounts else {}) | _reach(request, rec)  # fmt: skip
+
+
+def _reach(request: Request, rec: SandboxRecord) -> dict[str, object]:
+    """aenv: whether a running sandbox's agent answers the node's probes (orchestrator/
+    reachability.py), and when it last did."""
+    if PUBLIC_STATE[rec.state] != "running":
+        return {}
+    r = _orch(request).reachability.of(rec.sandbox_id)
+    out: dict[str, object] = {"envdReachable": r.reachable}
+    if r.last_reached_us is not None:
+        out["envdLastReachedAt"] = query.rfc3339(r.last_reached_us)
+    return out
 
 
 def _template_filter(request: Request, template: str) -> str:

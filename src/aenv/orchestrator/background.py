@@ -85,6 +85,7 @@ async def metrics_sampler(orch: Node) -> None:
         await asyncio.sleep(interval)
         try:
             ids = [r.sandbox_id for r in orch.routes]
+            orch.reachability.keep_only(ids)
             if ids:
                 await asyncio.gather(*(orch.sample(sid) for sid in ids))
             await memory_pressure.measure(orch)

@@ -252,6 +252,8 @@ class FakeRuntime:
     async def agent_metrics(self, handle: SandboxHandle) -> dict[str, object]:
         if handle.sandbox_id not in self.live:
             raise RuntimeError_("sandbox is gone")
+        if handle.sandbox_id in self.unresponsive:
+            raise RuntimeError_("the guest agent does not answer")
         return {
             "ts": int(time.time()),
             "cpu_count": handle.shape.vcpus,

@@ -9,6 +9,7 @@ from aenv.config import Config
 from aenv.machines.api import Runtime, SandboxHandle, VmmExit
 from aenv.orchestrator.locks import Joiner, SandboxLocks
 from aenv.orchestrator.memory_admission import MemoryAdmission
+from aenv.orchestrator.reachability import Reachability
 from aenv.orchestrator.routes import RouteTable
 from aenv.orchestrator.store import SandboxRecord, Store
 
@@ -19,6 +20,7 @@ class Node(Protocol):
     runtime: Runtime
     routes: RouteTable
     memory: MemoryAdmission
+    reachability: Reachability
     # Its bookkeeping that the background tasks share with it.
     _locks: SandboxLocks
     _joiner: Joiner

@@ -13,6 +13,7 @@ import logging
 from aenv.machines.agent_replies import AgentMetrics, GuestLogs
 from aenv.obs import log_event
 from aenv.orchestrator import background
+from aenv.orchestrator.reachability import Reachability
 from aenv.orchestrator.sandbox_logs import LogEntry
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import MetricSample, SandboxRecord
@@ -23,6 +24,8 @@ S = SandboxState
 
 class Observing:
     """Part of `Orchestrator` (orchestrator/service.py), whose state it uses."""
+
+    reachability: Reachability
 
     def _start_cmd_of(self, rec: SandboxRecord) -> str | None:
         """The start command of the sandbox's template (the guest's journal holds its
@@ -63,7 +66,10 @@ class Observing:
         except Exception as e:
             log_event(log, "sandbox.metrics_failed", logging.DEBUG, sandbox_id=sandbox_id,
                       error=repr(e))  # fmt: skip
+            if self.routes.get(sandbox_id) is route:  # not paused or replaced meanwhile
+                self.reachability.missed(sandbox_id)
             return False
+        self.reachability.answered(sandbox_id)
         return self.store.add_metric(sandbox_id, m)
 
     async def metrics(

@@ -38,6 +38,7 @@ from aenv.orchestrator.networking import Networking
 from aenv.orchestrator.observing import Observing
 from aenv.orchestrator.pausing import Pausing
 from aenv.orchestrator.pending import PendingTemplates
+from aenv.orchestrator.reachability import Reachability
 from aenv.orchestrator.requests import (
     AUTO_PAUSE_RETRY_S,
     MAX_REFRESH_S,
@@ -77,6 +78,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         self.runtime = runtime
         self.store = Store(config.db_path)
         self.routes = RouteTable()
+        self.reachability = Reachability(self.now_us)  # the metrics sampler's probes
         self.client_id = socket.gethostname() or "aenv"
         self._clock = clock
         self._locks = SandboxLocks(config.transition_wait_s)
