@@ -218,7 +218,27 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         volume_mounts=list(body.volumeMounts or []),
         team_id=team_of(request),
     )
-    rec = await _orch(request).create(req)
+    orch = _orch(request)
+    key = request.headers.get("idempotency-key")
+    if key is None or req.sandbox_id is not None:  # a gateway's create: the gateway's key
+        rec = await orch.create(req)
+        claim = None
+    else:
+        claim, first = await orch.create_keys.claim(
+            req.team_id, key, body.model_dump_json(exclude_unset=True).encode())
+        req.sandbox_id, req.existing_only = claim.sandbox_id, not first
+        try:
+            rec = await orch.create(req)
+        except BaseException:
+            if first:
+                orch.create_keys.ended(req.team_id, key, claim, ok=False)
+            raise
+        if first:
+            orch.create_keys.ended(req.team_id, key, claim, ok=True)
+    if await request.is_disconnected():  # nobody will learn its id (orchestrator/orphans.py)
+        orch.orphans.left(rec.sandbox_id, claim)
+    elif claim is not None:
+        claim.received = True
     return _sandbox(request, rec)
 
 

@@ -72,6 +72,13 @@ def _on_its_way(orch: Orchestrator, team: str, listed: set[str]) -> list[Templat
 async def template_by_alias(request: Request, alias: str) -> TemplateAlias:
     """Another team's template is not found (404), never forbidden: the SDK reads a 403 as
     "the name is taken", and names are per team."""
+    if ":" in alias:  # `name:tag` (verifiers asks `exists("<name>:default")`): that build
+        try:
+            t = find(request, alias)
+        except TemplateNotFound:
+            raise TemplateNotFound(f"template alias '{alias}' not found") from None
+        return TemplateAlias(templateID=names.shown(t.template_id),
+                             public=names.SEP not in t.template_id)  # fmt: skip
     templates = _orch(request).templates()
     for n in names.candidates(alias, team_of(request)):
         for t in templates:

@@ -150,11 +150,11 @@ class Builds:
         return t
 
     def tag(self, name: str, tag: str | None, tags: list[str]) -> Any:
-        from aenv.machines.api import TemplateNotFound
+        from aenv.machines.api import TagNotFound
 
         t = self.template(name)
-        if tag and tag not in t.tags and tag != "default":
-            raise TemplateNotFound(f"template '{name}' has no tag '{tag}'")
+        if tag and tag not in (*t.tags, "default", t.e2b_build_id):
+            raise TagNotFound(name, tag)
         t.tags = sorted(set(t.tags) | set(tags))
         self.rt.catalog.put(t)
         return t
@@ -176,9 +176,11 @@ class Builds:
         b.status = "building"  # at once: the SDK's build_in_background reads it right away
         self._save(b)
         self._copying[b.build_id] = {s.filesHash for s in spec.steps if s.filesHash}
+        log.info("build %s of %s started (tags %s)", b.build_id, b.template_id, b.tags)
         task = self._tasks[b.build_id] = asyncio.create_task(self._run(b, spec))
-        self.pending.track([*b.names, *(f"{n}:{t}" for n in b.names for t in b.tags)], "build",
-                           lambda: _status(b), task)  # fmt: skip
+        self.pending.track([*b.names, *(f"{n}:{t}" for n in b.names
+                                        for t in [*b.tags, b.build_id])],
+                           "build", lambda: _status(b), task)  # fmt: skip
 
     async def cancel(self, b: Build) -> None:
         task = self._tasks.get(b.build_id)

@@ -123,6 +123,15 @@ class TemplateNotFound(RuntimeError_):
     status = 404
 
 
+class TagNotFound(TemplateNotFound):
+    """The template is there; no build of it carries that tag (or build id). E2B's words,
+    which Harbor reads as "that build is not ready yet"."""
+
+    def __init__(self, template: str, tag: str) -> None:
+        super().__init__(f"tag '{tag}' does not exist for template '{template}'")
+        self.template, self.tag = template, tag
+
+
 class CapacityExceeded(RuntimeError_):
     status = 429
 

@@ -23,6 +23,7 @@ from aenv.machines.api import (
     AgentInit,
     SandboxHandle,
     SnapshotInfo,
+    TagNotFound,
     TemplateInfo,
     TemplateNotFound,
 )
@@ -72,13 +73,15 @@ class Cloning:
         return self._template_info(name_or_id)
 
     def _template_info(self, name: str) -> TemplateInfo:
-        base, _, tag = name.partition(":")  # "name:tag": a tag its last build carries
+        # "name:tag": a tag its last build carries, or that build's id (E2B's SDK and Harbor
+        # create from `name:<build id>`).
+        base, _, tag = name.partition(":")
         try:
             t = self.catalog.get(base)
         except TemplateMissing:
             raise TemplateNotFound(f"template {name!r} not found") from None
-        if tag and tag not in t.tags and tag != "default":
-            raise TemplateNotFound(f"template {base!r} has no tag {tag!r}")
+        if tag and tag not in (*t.tags, "default", t.e2b_build_id):
+            raise TagNotFound(base, tag)
         return TemplateInfo(
             template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,
             envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,

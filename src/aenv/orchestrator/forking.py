@@ -9,7 +9,13 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from aenv.machines.api import SandboxHandle, SnapshotInfo, TemplateInfo, TemplateNotFound
+from aenv.machines.api import (
+    SandboxHandle,
+    SnapshotInfo,
+    TagNotFound,
+    TemplateInfo,
+    TemplateNotFound,
+)
 from aenv.obs import OPS_TOTAL, log_event, stage
 from aenv.orchestrator import memory_pressure, mounts
 from aenv.orchestrator import snapshots as snaps
@@ -83,12 +89,21 @@ class Forking:
         `name`; TemplateNotFound (404) if none. `fetched`: a copy fetched from another node
         counts too (`_resolve` found it through the cluster). `team_id`: only what that team
         sees (its own templates first, then public ones; its own snapshots); None: all."""
+        no_tag: TagNotFound | None = None  # the template is here, that tag is not
         for n in [name] if team_id is None else names.candidates(name, team_id):
             try:
                 return self.runtime.template(n)
+            except TagNotFound:
+                base, _, tag = name.partition(":")
+                no_tag = no_tag or TagNotFound(base, tag)  # in the caller's words
             except TemplateNotFound:
                 pass
-        snap = self.find_snapshot(name, fetched=fetched, team_id=team_id)
+        try:
+            snap = self.find_snapshot(name, fetched=fetched, team_id=team_id)
+        except TemplateNotFound:
+            if no_tag is not None:
+                raise no_tag from None
+            raise
         try:
             source = self.runtime.template(snap.template)
         except TemplateNotFound:

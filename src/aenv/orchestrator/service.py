@@ -36,6 +36,7 @@ from aenv.orchestrator.locks import Joiner, SandboxLocks
 from aenv.orchestrator.memory_admission import MemoryAdmission
 from aenv.orchestrator.networking import Networking
 from aenv.orchestrator.observing import Observing
+from aenv.orchestrator.orphans import CreateKeys, Orphans
 from aenv.orchestrator.pausing import Pausing
 from aenv.orchestrator.pending import PendingTemplates
 from aenv.orchestrator.reachability import Reachability
@@ -79,6 +80,9 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         self.store = Store(config.db_path)
         self.routes = RouteTable()
         self.reachability = Reachability(self.now_us)  # the metrics sampler's probes
+        # Creates nobody received (their client left): removed (orchestrator/orphans.py).
+        self.create_keys = CreateKeys()
+        self.orphans = Orphans(self.kill)
         self.client_id = socket.gethostname() or "aenv"
         self._clock = clock
         self._locks = SandboxLocks(config.transition_wait_s)
@@ -182,6 +186,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
     async def close(self) -> None:
         """End every VM (runtime.close) and forget their records; safe to call twice."""
         self.begin_shutdown()
+        await self.orphans.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

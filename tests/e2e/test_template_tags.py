@@ -1,0 +1,74 @@
+"""The template calls trainers make, with the unmodified SDK (issue 31): Harbor 0.26 builds
+`name:tag` in the background, reads the tag's build id and creates from `name:<build id>`
+(harbor/environments/e2b.py); verifiers builds once, when `exists("<name>:default")` is
+false (verifiers/v1/runtimes/e2b.py). The packages themselves run in `make test-long`
+(tests/e2e/test_trainers.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import SandboxException, TemplateException
+
+from tests.support.image_state import removed_after
+from tests.support.registry import Seeded, have_tools, seeded_registry
+
+from .conftest import NodeProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
+              pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
+        yield s
+
+
+def test_a_create_from_name_and_build_id_waits_for_that_build(node: NodeProcess,
+                                                              seeded: Seeded) -> None:
+    name = f"e2e-harbor-{int(time.time() * 1000) % 10**8}"
+    tag = "c1-m512-r5"  # Harbor's resource tag
+    with pytest.raises(TemplateException) as e:  # never built: Harbor then builds
+        Template.get_tags(name)
+    assert e.value.status_code == 404
+    assert not Template.exists(f"{name}:default")  # verifiers' question
+    info = Template.build_in_background(
+        Template().from_image(seeded.multi).run_cmd("echo tagged > /tmp/t.txt", user="root"),
+        f"{name}:{tag}")  # fmt: skip
+    assert not Template.exists(f"{name}:{tag}")  # not while it builds
+    # Created at once from the build id: the create waits for the build (or answers 503
+    # with Retry-After, which the SDK's caller retries: Harbor does).
+    sbx = None
+    for _ in range(20):
+        try:
+            sbx = Sandbox.create(f"{name}:{info.build_id}", timeout=120)
+            break
+        except SandboxException as err:
+            assert "not ready" in str(err), err
+    assert sbx is not None
+    try:
+        assert Template.get_build_status(info).status.value == "ready"
+        assert sbx.commands.run("cat /tmp/t.txt").stdout == "tagged\n"
+        tags = Template.get_tags(name)
+        assert [(t.tag, str(t.build_id)) for t in tags] == [(tag, info.build_id)]
+        assert Template.exists(f"{name}:{tag}") and Template.exists(name)
+        assert not Template.exists(f"{name}:other")
+        # A build id or tag the template does not have: E2B's words (Harbor reads them as
+        # "that build is not ready") and nothing started.
+        for ref in (f"{name}:{uuid.uuid4()}", f"{name}:other"):
+            with pytest.raises(SandboxException) as e:
+                Sandbox.create(ref, timeout=30)
+            assert f"does not exist for template '{name}'" in str(e.value), e.value
+        with node.api() as c:
+            running = [s for s in c.get("/v2/sandboxes").json()
+                       if s["templateID"].startswith(name)]  # fmt: skip
+            assert [s["sandboxID"] for s in running] == [sbx.sandbox_id]
+    finally:
+        sbx.kill()
+        with node.api() as c:
+            assert c.delete(f"/templates/{name}").status_code == 204

@@ -1,0 +1,156 @@
+"""Trainers' own E2B backends against a node (issue 31), installed from the registries into
+venvs of their own (`$AENV_TEST_VENVS`, default /var/cache/aenv-test-venvs; made once):
+
+- Harbor 0.26 (`harbor[e2b]==0.26.0`, Python 3.12): `harbor run -a oracle -e e2b` on a
+  Dockerfile task FROM a loopback registry image, `-n 1` then 8 trials at once: reward 1
+  each, one template build, and a second run builds nothing;
+- verifiers 0.4.0 (`verifiers[e2b]==0.4.0`): two runtimes of one environment, one build.
+
+`make test-long` only: the installs and builds take minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.image_state import removed_after
+from tests.support.registry import Seeded, have_tools, seeded_registry
+
+from .conftest import API_KEY, NodeProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(3600),
+              pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
+
+VENVS = Path(os.environ.get("AENV_TEST_VENVS", "/var/cache/aenv-test-venvs"))
+PY312 = Path("/root/.pyenv/versions/3.12.1/bin/python")
+
+
+def _venv(name: str, python: Path, requirement: str) -> Path:
+    """A venv with `requirement` installed (once: it is kept between runs)."""
+    root = VENVS / name
+    done = root / ".installed"
+    if done.exists() and done.read_text() == requirement:
+        return root
+    if not python.exists():
+        pytest.fail(f"{python} is missing: {requirement} needs it", pytrace=False)
+    subprocess.run([str(python), "-m", "venv", "--clear", str(root)], check=True)
+    subprocess.run([str(root / "bin/pip"), "install", "-q", requirement], check=True,
+                   timeout=1800)  # fmt: skip
+    done.write_text(requirement)
+    return root
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
+        yield s
+
+
+def _harbor_task(root: Path, image: str) -> Path:
+    task = root / "greeting"
+    for d in ("environment", "solution", "tests"):
+        (task / d).mkdir(parents=True)
+    (task / "instruction.md").write_text("Write the greeting in /app/data.txt to "
+                                         "/app/answer.txt.\n")  # fmt: skip
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n[agent]\ntimeout_sec = 600.0\n[verifier]\ntimeout_sec = 600.0\n'
+        "[environment]\nbuild_timeout_sec = 1800.0\ncpus = 1\nmemory_mb = 512\n")
+    (task / "environment/data.txt").write_text("hello from the context\n")
+    (task / "environment/Dockerfile").write_text(
+        f"FROM {image}\nENV GREETING=hello\nWORKDIR /app\nCOPY data.txt /app/data.txt\n"
+        "RUN echo built > /app/built.txt\n")
+    for path, body in (
+        ("solution/solve.sh", "cat /app/data.txt > /app/answer.txt\n"),
+        ("tests/test.sh", 'mkdir -p /logs/verifier\nif [ "$(cat /app/answer.txt)" = '
+                          '"hello from the context" ] && [ "$GREETING" = hello ] && '
+                          '[ -f /app/built.txt ]; then echo 1; else echo 0; fi '
+                          "> /logs/verifier/reward.txt\n"),
+    ):  # fmt: skip
+        (task / path).write_text("#!/bin/sh\n" + body)
+        (task / path).chmod(0o755)
+    return task
+
+
+def _builds_of(node: NodeProcess, prefix: str) -> int:
+    """How many template builds of `prefix…` the node started (its log says each)."""
+    return len(re.findall(rf"build \S+ of {prefix}\S* started", node.log.read_text()))
+
+
+def _harbor_run(venv: Path, node: NodeProcess, task: Path, jobs: Path, trials: int) -> list:
+    env = {**os.environ, "E2B_API_URL": node.origin, "E2B_SANDBOX_URL": node.origin,
+           "E2B_API_KEY": API_KEY, "HARBOR_TELEMETRY": "0", "NO_COLOR": "1"}  # fmt: skip
+    p = subprocess.run([str(venv / "bin/harbor"), "run", "-p", str(task), "-a", "oracle",
+                        "-e", "e2b", "-o", str(jobs), "-k", str(trials), "-n", str(trials)],
+                       env=env, capture_output=True, text=True, timeout=3000)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    rewards = []
+    for result in jobs.rglob("result.json"):
+        r = json.loads(result.read_text())
+        if "verifier_result" in r:  # a trial's (the job's own result.json has none)
+            vr = r["verifier_result"] or {}
+            rewards.append((vr.get("rewards") or {}).get("reward"))
+    assert len(rewards) == trials, (rewards, p.stdout[-4000:])
+    return rewards
+
+
+def test_harbor_026_runs_a_dockerfile_task_with_one_build(node: NodeProcess, seeded: Seeded,
+                                                          tmp_path: Path) -> None:
+    venv = _venv("harbor-0.26", PY312, "harbor[e2b]==0.26.0")
+    task = _harbor_task(tmp_path, seeded.multi)
+    t0 = time.monotonic()
+    assert _harbor_run(venv, node, task, tmp_path / "jobs1", 1) == [1.0]
+    print(f"harbor -n 1: {time.monotonic() - t0:.0f} s")
+    assert _builds_of(node, "harbor-") == 1
+    t0 = time.monotonic()
+    assert _harbor_run(venv, node, task, tmp_path / "jobs8", 8) == [1.0] * 8
+    print(f"harbor -k 8 -n 8: {time.monotonic() - t0:.0f} s")
+    assert _builds_of(node, "harbor-") == 1  # the second run built nothing
+    with node.api() as c:
+        assert [s for s in c.get("/v2/sandboxes").json()] == []
+        for t in c.get("/templates").json():
+            if t["templateID"].startswith("harbor-"):
+                assert c.delete(f"/templates/{t['templateID']}").status_code == 204
+
+
+VERIFIERS_SCRIPT = """
+import asyncio, sys
+from verifiers.v1.runtimes import E2BConfig, provision_runtime
+
+async def main(image):
+    cfg = E2BConfig(image=image, cpu=1, memory=0.5)
+    for i in range(2):  # two evaluations of one environment: the second builds nothing
+        async with provision_runtime(cfg, name=f"eval-{i}") as rt:
+            r = await rt.run(["sh", "-c", "echo $((6*7)) $A; whoami"], {"A": "1"})
+            assert r.stdout.split() == ["42", "1", "root"], r
+            await rt.write("d/x.bin", bytes(range(256)))
+            assert await rt.read("d/x.bin") == bytes(range(256))
+            p = await rt.run_program(["sh", "-c", "echo o; echo e >&2; exit 3"], {})
+            assert p.exit_code == 3, p
+    print("verifiers: ok")
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_verifiers_runtime_builds_its_template_once(node: NodeProcess, seeded: Seeded,
+                                                    tmp_path: Path) -> None:
+    venv = _venv("verifiers-0.4", Path("/usr/bin/python3.11"), "verifiers[e2b]==0.4.0")
+    env = {**os.environ, "E2B_API_URL": node.origin, "E2B_SANDBOX_URL": node.origin,
+           "E2B_API_KEY": API_KEY, "HOME": str(tmp_path)}  # its build lock lives in ~/.cache
+    p = subprocess.run([str(venv / "bin/python"), "-c", VERIFIERS_SCRIPT, seeded.multi],
+                       env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert p.returncode == 0 and "verifiers: ok" in p.stdout, p.stdout[-4000:] + p.stderr[-4000:]
+    assert _builds_of(node, "vf-") == 1
+    with node.api() as c:
+        assert c.get("/v2/sandboxes").json() == []
+        for t in c.get("/templates").json():
+            if t["templateID"].startswith("vf-"):
+                assert c.delete(f"/templates/{t['templateID']}").status_code == 204
