@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools, push_exported, seeded_registry
 
 from .conftest import API_KEY, NodeProcess
 
@@ -52,6 +52,16 @@ def _venv(name: str, python: Path, requirement: str) -> Path:
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
     with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def debian(seeded: Seeded) -> str:
+    """A Debian image on the loopback registry (trainers' images are Debian and Ubuntu: Harbor
+    runs `install`, `xargs`, `id` in them): the node's minimal Debian, pushed there."""
+    ref = push_exported(seeded.registry, "localhost/aenv/base-minimal:latest", "aenv/debian:12")
+    if ref is None:
+        pytest.fail("no base-minimal export here: run `aenv setup`", pytrace=False)
+    return ref
 
 
 def _harbor_task(root: Path, image: str) -> Path:
@@ -101,10 +111,10 @@ def _harbor_run(venv: Path, node: NodeProcess, task: Path, jobs: Path, trials: i
     return rewards
 
 
-def test_harbor_026_runs_a_dockerfile_task_with_one_build(node: NodeProcess, seeded: Seeded,
+def test_harbor_026_runs_a_dockerfile_task_with_one_build(node: NodeProcess, debian: str,
                                                           tmp_path: Path) -> None:
     venv = _venv("harbor-0.26", PY312, "harbor[e2b]==0.26.0")
-    task = _harbor_task(tmp_path, seeded.multi)
+    task = _harbor_task(tmp_path, debian)
     t0 = time.monotonic()
     assert _harbor_run(venv, node, task, tmp_path / "jobs1", 1) == [1.0]
     print(f"harbor -n 1: {time.monotonic() - t0:.0f} s")

@@ -334,3 +334,21 @@ class DroppingProxy:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def push_exported(registry: Registry, local_name: str, repo: str) -> str | None:
+    """The node's own export `local_name` (`aenv setup`'s minimal Debian, images/export.py)
+    pushed to `registry` as `repo`, digest kept: a Debian image a loopback registry serves,
+    whose template the node already has (a build FROM it pulls and unpacks nothing). None if
+    this data directory has no such export."""
+    from tests.support.host import DATA_DIR
+
+    images = DATA_DIR / "images"
+    try:
+        digest = json.loads((images / "local.json").read_text())[local_name]["digest"]
+    except (OSError, ValueError, KeyError):
+        return None
+    run(["skopeo", "copy", "-q", "--preserve-digests", "--dest-tls-verify=false",
+         f"oci:{images / 'oci'}:{digest.replace(':', '-')}",
+         f"docker://{registry.host}/{repo}"])  # fmt: skip
+    return f"{registry.host}/{repo}"

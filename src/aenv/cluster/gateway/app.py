@@ -53,7 +53,7 @@ from aenv.api.relay import (
 from aenv.api.upstream import UpstreamPool
 from aenv.cluster import placement, wire
 from aenv.cluster.etcd import Etcd, EtcdError
-from aenv.cluster.gateway import callers, lists, routing
+from aenv.cluster.gateway import callers, client, lists, orphans, routing
 from aenv.cluster.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.cluster.gateway.idempotency import Claim, Idempotency, KeyReused
 from aenv.cluster.gateway.nodes import (
@@ -127,6 +127,7 @@ class Gateway:
         self.bindings: PrefixView[Binding] | None = None
         self.published: PrefixView[PublishedEntry] | None = None
         self.idem: Idempotency | None = None
+        self.orphans = orphans.GatewayOrphans(self.pool)  # creates nobody received
         self.teams: EtcdTeams | None = None  # every team's keys (cluster/teams.py)
         self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
         install_abort_filter()
@@ -163,6 +164,7 @@ class Gateway:
             raise
 
     async def close(self) -> None:
+        await self.orphans.close()
         for view in (self.published, self.bindings, self.members, self.teams):
             if view is not None:
                 await view.stop()
@@ -346,11 +348,19 @@ class Gateway:
         if not self._key_ok(scope):
             await send_json(send, 401, {"code": 401, "message": "Invalid API key"})
             return "unauthorized"
-        body = await _read_body(receive, MAX_CREATE_BODY)
+        body = await client.read_body(receive, MAX_CREATE_BODY)
         if body is None:
             await send_json(send, 413, {"code": 413, "message": "request body too large "
                                         f"(limit {MAX_CREATE_BODY} bytes)"})  # fmt: skip
             return "too_big"
+        watcher = client.watch(receive)
+        try:
+            return await self._create_read(scope, send, body, watcher)
+        finally:
+            watcher.cancel()
+
+    async def _create_read(self, scope: dict[str, Any], send: Any, body: bytes,
+                           watcher: asyncio.Task[Any]) -> str:  # fmt: skip
         nodes = self._nodes()
         if not nodes:
             await send_json(send, 503, _no_nodes())
@@ -364,17 +374,18 @@ class Gateway:
                                                        headers, body))  # fmt: skip
         req = dataclasses.replace(req, quota=callers.quota(self.teams, scope))
         claim: tuple[str, Claim] | None = None
+        retried = False
         given = next((v for k, v in scope["headers"] if k == IDEMPOTENCY_HEADER), None)
         if given is not None:
             assert self.idem is not None
             caller = next(v for k, v in scope["headers"] if k == b"x-api-key")
             key = self.idem.key(caller.decode("latin-1"), given.decode("latin-1"))
             try:
-                c, _ = await self.idem.claim(key, body)
+                c, first = await self.idem.claim(key, body)
             except KeyReused as e:
                 await send_json(send, 409, {"code": 409, "message": str(e)})
                 return "key_reused"
-            claim = (key, c)
+            claim, retried = (key, c), not first
             req = dataclasses.replace(req, sandbox_id=c.sandbox_id)
         node = await self._place(send, req, nodes, claim)
         if node is None:
@@ -394,10 +405,16 @@ class Gateway:
             return "node_unreachable"
         if answer.status >= 300 and not (claim is not None and claim[1].done):
             await self._give_back(req.sandbox_id, claim)
-        elif claim is not None:
+            return await self._answer(send, answer)
+        left = client.has_left(watcher)  # then nobody will learn its id
+        if claim is not None:
             assert self.idem is not None
             with contextlib.suppress(EtcdError):
-                await self.idem.done(*claim)
+                await (self.idem.received if retried and not left else self.idem.done)(*claim)
+        if left:
+            self.orphans.left(node, req.sandbox_id, self._control_headers(scope),
+                              claim and (self.idem, claim[0]))  # fmt: skip
+            return "client_gone"
         return await self._answer(send, answer)
 
     async def _place(self, send: Any, req: PlacementRequest, nodes: list[NodeRecord],
@@ -565,19 +582,6 @@ async def _release(etcd: Etcd, prefix: str, sandbox_id: str) -> None:
         await placement.release(etcd, prefix, sandbox_id)
     except (EtcdError, PlacementFailed) as e:  # the node's reconcile drops it in the end
         log.warning("releasing %s: %s", sandbox_id, e)
-
-
-async def _read_body(receive: Any, limit: int) -> bytes | None:
-    data = bytearray()
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return bytes(data)
-        data += msg.get("body", b"")
-        if len(data) > limit:
-            return None
-        if not msg.get("more_body", False):
-            return bytes(data)
 
 
 def _read_key(config: Config) -> str:

@@ -50,6 +50,7 @@ class Claim(BaseModel):
     body_sha256: str
     at: float
     done: bool = False  # its create succeeded: a try after that must not make it again
+    received: bool = False  # a retry's answer reached its client (gateway/orphans.py)
 
 
 class KeyReused(Exception):
@@ -110,6 +111,20 @@ class Idempotency:
         which answers with the sandbox the id made)."""
         await self._txn(key, claim.model_copy(update={"done": True}),
                         compare_version(key, "GREATER", 0))
+
+    async def received(self, key: str, claim: Claim) -> None:
+        """A retry's answer went to a client still there: its sandbox is nobody's orphan."""
+        await self._txn(key, claim.model_copy(update={"done": True, "received": True}),
+                        compare_version(key, "GREATER", 0))
+
+    async def get(self, key: str) -> Claim | None:
+        kv = await self.etcd.get(key)
+        if kv is None:
+            return None
+        try:
+            return Claim.model_validate_json(kv.value)
+        except ValidationError:
+            return None
 
     async def let_go(self, key: str, claim: Claim) -> None:
         """Drop the key if it still names `claim`'s sandbox (the next try starts over)."""

@@ -1,0 +1,86 @@
+"""No orphans through a gateway (issue 31, `make test-long`): 100 creates whose client
+processes are killed at random moments (before sending, mid-request, after the answer), a
+fifth of them with an `Idempotency-Key`, and 20 kills racing the creates they follow; at the
+end no node runs a sandbox nobody holds, and etcd has no binding left. The cluster is
+test_gateway.py's (real etcd, three nodes, two gateways, haproxy)."""
+
+from __future__ import annotations
+
+import base64
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from .conftest import API_KEY
+from .test_gateway import Cluster, cluster  # noqa: F401 (the module's fixture)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(1800)]
+
+CLIENTS = 100
+RACING_KILLS = 20
+KEYED_GRACE_S = 60  # orchestrator/orphans.py
+CLIENT = """
+import sys, httpx
+url, key, i, keyed = sys.argv[1:5]
+headers = {"X-API-Key": key} | ({"Idempotency-Key": f"race-{i}"} if keyed == "1" else {})
+r = httpx.post(url + "/v2/sandboxes", json={"templateID": "base", "timeout": 1200,
+               "metadata": {"race": i}}, headers=headers, timeout=300)
+print("answered", r.status_code, r.json().get("sandboxID", ""), flush=True)
+import time; time.sleep(600)
+"""
+
+
+def _client(origin: str, i: int, rng: random.Random) -> str | None:
+    """One client process, killed at a random moment; the id it was answered, if any."""
+    p = subprocess.Popen([sys.executable, "-c", CLIENT, origin, API_KEY, str(i),
+                          "1" if i % 5 == 0 else "0"], stdout=subprocess.PIPE, text=True)
+    time.sleep(rng.choice([0.0, 0.2]) + rng.random() * 3)
+    p.kill()
+    out, _ = p.communicate()
+    for line in out.splitlines():
+        if line.startswith("answered 201 "):
+            return line.split()[2]
+    return None
+
+
+def _create_then_kill(api: httpx.Client) -> None:
+    r = api.post("/v2/sandboxes", json={"templateID": "base", "timeout": 1200})
+    assert r.status_code == 201, r.text
+    k = api.delete(f"/sandboxes/{r.json()['sandboxID']}")  # at once: maybe another gateway
+    assert k.status_code == 204, k.text
+
+
+def _bindings(c: Cluster) -> list[str]:
+    key = f"{c.prefix}bindings/"
+    end = key[:-1] + chr(ord(key[-1]) + 1)
+    r = httpx.post(c.etcd.endpoints[0] + "/v3/kv/range", timeout=5, json={
+        "key": base64.b64encode(key.encode()).decode(),
+        "range_end": base64.b64encode(end.encode()).decode(), "keys_only": True})  # fmt: skip
+    return [base64.b64decode(kv["key"]).decode() for kv in r.json().get("kvs", [])]
+
+
+def test_creates_whose_clients_die_leave_nothing_behind(cluster: Cluster) -> None:  # noqa: F811
+    rng = random.Random(31)
+    origin = cluster.gateway.origin
+    with httpx.Client(base_url=origin, headers={"X-API-Key": API_KEY}, timeout=300) as api:
+        with ThreadPoolExecutor(6) as pool:
+            answered = [sid for sid in pool.map(
+                lambda i: _client(origin, i, random.Random(rng.random())), range(CLIENTS))
+                if sid]  # fmt: skip
+            list(pool.map(lambda _: _create_then_kill(api), range(RACING_KILLS)))
+        print(f"{len(answered)} of {CLIENTS} clients had their answer before they died")
+        for sid in answered:  # theirs: their client held it
+            assert api.delete(f"/sandboxes/{sid}").status_code in (204, 404)
+        deadline = time.monotonic() + KEYED_GRACE_S + 60
+        while time.monotonic() < deadline:
+            left = api.get("/v2/sandboxes").json()
+            if not left and not _bindings(cluster):
+                break
+            time.sleep(2)
+        assert left == [], [s["sandboxID"] for s in left]
+        assert _bindings(cluster) == []
