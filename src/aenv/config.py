@@ -199,6 +199,9 @@ class Config(BaseModel):
     # measured, fits it (orchestrator/memory_admission.py).
     memory_overcommit: float = Field(4.0, gt=0)
     max_concurrent_boots: int = 4
+    # A create (or reboot) past max_concurrent_boots waits this long for a boot to end
+    # before its 429 (orchestrator/boots.py); below the SDK's 60 s request timeout.
+    admission_queue_s: float = Field(30.0, ge=0, le=50)
     # SIGTERM: "kill" ends every running sandbox; "pause" pauses them (resumable after a
     # restart). Paused sandboxes stay paused either way.
     on_shutdown: Literal["pause", "kill"] = "kill"
@@ -346,6 +349,7 @@ _SIMPLE_ENV = {
     "PRIMED_SNAPSHOT_POOL_SIZE": "primed_snapshot_pool_size",
     "PRIME_WARM": "prime_warm",
     "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",
+    "ADMISSION_QUEUE_S": "admission_queue_s",
     "ON_SHUTDOWN": "on_shutdown",
     "DISK_RESERVE_MIB": "disk_reserve_mib",
     "LOG_LEVEL": "log_level",

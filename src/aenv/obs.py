@@ -28,6 +28,9 @@ STAGE_SECONDS = Histogram(
 OPS_TOTAL = Counter("aenv_sandbox_ops_total", "Sandbox operations by outcome", ["op", "outcome"])
 SANDBOXES = Gauge("aenv_sandboxes", "Sandbox records by state", ["state"])
 BOOTS_IN_FLIGHT = Gauge("aenv_boots_in_flight", "Creates currently booting a VM")
+ADMISSION_WAIT = Histogram("aenv_admission_wait_seconds",
+                           "How long a create or reboot waited for a boot slot",
+                           buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60))
 REJECTED_TOTAL = Counter("aenv_capacity_rejections_total", "Creates refused (429)", ["limit"])
 PROXY_REQUESTS = Counter(
     "aenv_proxy_requests_total", "Data-plane requests by outcome", ["outcome"]

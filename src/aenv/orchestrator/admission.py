@@ -20,6 +20,7 @@ import pydantic
 from aenv.config import MachineShape
 from aenv.obs import REJECTED_TOTAL
 from aenv.orchestrator import space
+from aenv.orchestrator.boots import BootSlots
 from aenv.orchestrator.errors import (
     CapacityExhausted,
     InvalidRequest,
@@ -44,6 +45,7 @@ class Admission:
     """Part of `Orchestrator` (orchestrator/service.py), whose state it uses."""
 
     memory: MemoryAdmission
+    boots: BootSlots
 
     team_holds: TeamHolding | None = None  # set by a node of a cluster
 
@@ -97,10 +99,11 @@ class Admission:
                 nominal_mib=self.store.sum_memory_mib(HOLDS_CAPACITY))):
             REJECTED_TOTAL.labels("memory").inc()
             raise CapacityExhausted(f"cannot {op}: {why}", retry_after_s=FULL_RETRY_AFTER_S)
-        if boot and self._booting >= self.config.max_concurrent_boots:
+        if boot and self.boots.full:  # after waiting up to admission_queue_s (boots.py)
             REJECTED_TOTAL.labels("max_concurrent_boots").inc()
             raise CapacityExhausted(
-                f"the node is already booting {self.config.max_concurrent_boots} sandboxes",
+                f"the node is already booting {self.config.max_concurrent_boots} sandboxes "
+                f"(and {self.boots.waiting} more wait for them)",
                 retry_after_s=BOOTS_RETRY_AFTER_S,
             )
         self._admit_space(new_mib, op)

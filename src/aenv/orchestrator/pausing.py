@@ -7,10 +7,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 
 from aenv.faults import fault
-from aenv.obs import BOOTS_IN_FLIGHT, OPS_TOTAL, log_event, stage
+from aenv.obs import OPS_TOTAL, log_event, stage
 from aenv.orchestrator import memory_pressure
 from aenv.orchestrator.errors import ShuttingDown, StateConflict, TeamLimitReached
 from aenv.orchestrator.requests import agent_init
@@ -109,6 +108,8 @@ class Pausing:
         sid = rec.sandbox_id
         reboot = not memory or rec.pause_mode == "filesystem"
         await memory_pressure.relieve(self, rec.memory_mib, keep=sid)
+        if reboot:
+            await self.boots.wait()
         self._admit(rec.memory_mib, "resume a sandbox", boot=reboot, new=False,
                     team_id=rec.team_id)
         if self.shared is not None:
@@ -118,7 +119,7 @@ class Pausing:
         t0 = time.perf_counter()
         init = agent_init(rec, self.config.volumes_dir)
         try:
-            with self._boot_in_flight() if reboot else contextlib.nullcontext():
+            with self.boots.held() if reboot else contextlib.nullcontext():
                 async with stage("resume", "runtime_reboot" if reboot else "runtime_resume",
                                  sid):  # fmt: skip
                     handle = await self.runtime.resume(sid, init, memory=memory)
@@ -148,17 +149,6 @@ class Pausing:
         OPS_TOTAL.labels("resume", "ok").inc()
         log_event(log, "sandbox.resumed", sandbox_id=sid, slot=handle.slot_addr, reboot=reboot,
                   ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
-
-    @contextlib.contextmanager
-    def _boot_in_flight(self) -> Iterator[None]:
-        """Counts against max_concurrent_boots (and the in-flight gauge) while it lasts."""
-        self._booting += 1
-        BOOTS_IN_FLIGHT.inc()
-        try:
-            yield
-        finally:
-            self._booting -= 1
-            BOOTS_IN_FLIGHT.dec()
 
     async def fence(self) -> None:
         """Cut off from the cluster (its lease may end): start nothing, end the sandbox

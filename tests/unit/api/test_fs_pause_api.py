@@ -125,7 +125,7 @@ async def test_traffic_does_not_auto_resume_a_filesystem_only_pause(
 
 async def test_a_reboot_counts_against_max_concurrent_boots(tmp_path: Path) -> None:
     runtime = FakeRuntime()
-    node = Node(make_config(tmp_path, max_concurrent_boots=1), runtime)
+    node = Node(make_config(tmp_path, max_concurrent_boots=1, admission_queue_s=0.1), runtime)
     await node.start()
     try:
         async with httpx.AsyncClient(

@@ -72,7 +72,7 @@ async def test_failed_boot_leaves_no_record(orch: Orchestrator, runtime: FakeRun
     runtime.fail_next_create = CapacityExceeded("no slots")
     with pytest.raises(CapacityExceeded):
         await orch.create(req())
-    assert orch.store.all() == [] and len(orch.routes) == 0 and orch._booting == 0
+    assert orch.store.all() == [] and len(orch.routes) == 0 and orch.boots.in_flight == 0
 
 
 async def test_auto_pause_and_timeouts_are_validated(orch: Orchestrator) -> None:
@@ -202,8 +202,11 @@ async def test_capacity_max_sandboxes(tmp_path: Path) -> None:
         await o.close()
 
 
-async def test_capacity_max_concurrent_boots(tmp_path: Path) -> None:
-    o = Orchestrator(make_config(tmp_path, max_concurrent_boots=4), FakeRuntime(boot_delay_s=0.1))
+async def test_a_burst_past_max_concurrent_boots_queues_then_is_refused(tmp_path: Path) -> None:
+    """50 creates at once, 4 boots at a time of 0.1 s: those that can start within
+    admission_queue_s wait for a boot slot; the rest get 429 with Retry-After."""
+    o = Orchestrator(make_config(tmp_path, max_concurrent_boots=4, admission_queue_s=0.45),
+                     FakeRuntime(boot_delay_s=0.1))  # fmt: skip
     await o.start()
     try:
         results = await asyncio.gather(
@@ -211,8 +214,15 @@ async def test_capacity_max_concurrent_boots(tmp_path: Path) -> None:
         )
         ok = [r for r in results if not isinstance(r, BaseException)]
         refused = [r for r in results if isinstance(r, CapacityExhausted)]
-        assert len(ok) == 4 and len(refused) == 46
-        assert o._booting == 0 and len(o.store.all()) == 4
+        assert len(ok) + len(refused) == 50
+        assert 12 <= len(ok) <= 24, len(ok)  # about 4 waves of 4 in 0.45 s
+        assert all(r.retry_after_s >= 1 and "wait for them" in str(r) for r in refused)
+        assert o.boots.in_flight == 0 and o.boots.waiting == 0
+        assert len(o.store.all()) == len(ok)
+        # a queue as long as the burst needs: every one runs
+        o.boots.queue_s = 10
+        more = await asyncio.gather(*(o.create(req()) for _ in range(20)))
+        assert len(more) == 20 and o.boots.waiting == 0
     finally:
         await o.close()
 
