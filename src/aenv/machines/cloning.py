@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 class Cloning:
     """Part of `Runtime` (machines/runtime.py), whose state it uses."""
 
+    init_gate: asyncio.Semaphore
+
     # -- templates --------------------------------------------------------------------
     def templates(self, *, usage: bool = False) -> list[TemplateInfo]:
         """With `usage`, each template's bytes, own and shared (FIEMAP: for listings)."""
@@ -348,9 +350,10 @@ class Cloning:
         await self.pager.make_room(len(children) * self._manifest(snapshot_id).shape.memory_mib)
         # All children restore at once (a restore is mostly I/O and QMP); their /init, which
         # under TCG pays for translating the agent's code, runs behind the call, at most
-        # max_concurrent_boots at a time: a crowd only competes for the same CPUs and misses
-        # the /init deadline. The data plane holds a child's requests until its /init is done.
-        gate = asyncio.Semaphore(max(1, self.cfg.max_concurrent_boots))
+        # max_concurrent_boots at a time on the node (16 forks at once included): a crowd
+        # only competes for the same CPUs and misses the /init deadline. The data plane
+        # holds a child's requests until its /init is done.
+        gate = self.init_gate
 
         async def child(cid: str, init: AgentInit) -> SandboxHandle:
             handle = await self._create_from(cid, snapshot_id, init, init_gate=gate)

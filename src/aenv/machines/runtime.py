@@ -113,10 +113,8 @@ class Runtime(Pausing, Cloning, Adopting):
         # and, for the node's sandbox URLs, by the egress proxy.
         self.interceptor = Interceptor(lambda: load_ca(*ca_paths(cfg)), upstream_context(cfg),
                                        secret=self._secret)  # fmt: skip
-        interceptor = self.interceptor
-        self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=interceptor)
-        # The slots' own listeners: egressProxy (SOCKS5) and network.rules.
-        self.tunnels = SlotListeners(interceptor)
+        self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=self.interceptor)
+        self.tunnels = SlotListeners(self.interceptor)  # egressProxy (SOCKS5), network.rules
         self.volumes = SlotVolumes(cfg)  # the slots' NFS servers, for guests with volumes
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
@@ -137,6 +135,7 @@ class Runtime(Pausing, Cloning, Adopting):
         self.pager = Pager(self._machines, self.hot, self._settled)
         self.fsyncs = durability.Durability()  # hot pauses' files, after the answer
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
+        self.init_gate = asyncio.Semaphore(max(1, cfg.max_concurrent_boots))  # fork children
 
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
