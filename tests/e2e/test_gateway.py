@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -169,35 +170,41 @@ def test_a_template_build_through_the_load_balancer(cluster: Cluster) -> None:
             assert c.delete(f"/templates/{name}").status_code == 204
 
 
-def test_the_sync_scenario_over_tls_with_only_e2b_domain(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """What a client of a production cluster sets: E2B_DOMAIN and the key (and here the
-    test CA). It resolves api.<domain> and <port>-<id>.<domain> with its namespace's own
-    resolver, to haproxy (TLS passed through) in front of two gateways that terminate TLS
-    with a wildcard certificate."""
+@contextlib.contextmanager
+def tls_front(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
+    """What a client of a production cluster has: haproxy (TLS passed through) in front of
+    two gateways that terminate TLS with a wildcard certificate, reached as api.<domain>
+    and <port>-<id>.<domain> through a client namespace's own resolver. Yields the namespace
+    and the env a client process there gets (E2B_DOMAIN and the key, and the test CA)."""
     certs = make_certs(tmp_path / "certs", DOMAIN)
     with client_namespace(DOMAIN) as ns, contextlib.ExitStack() as stack:
         gws = []
-        for i in range(2):  # two gateways terminating TLS, behind haproxy passing it through
+        for i in range(2):
             gw = gateway(tmp_path, f"tls-gateway{i}", cluster.env, API_KEY,
                          AENV_DOMAIN=DOMAIN, AENV_TLS_CERT_FILE=str(certs.cert),
                          AENV_TLS_KEY_FILE=str(certs.key))  # fmt: skip
             gw.start(gateway_ready(gw, len(cluster.nodes), f"https://127.0.0.1:{gw.port}",
                                    verify=certs.by_address()))  # fmt: skip
             stack.callback(lambda g=gw: g.stop() == 0 or pytest.fail(g.tail()))
+            stack.callback(lambda g=gw: print(g.tail(50)))
             gws.append(gw)
         lb = haproxy(tmp_path, gws, bind=ns.server_ip, port=443, tcp=True)
         lb.start(gateway_ready(lb, len(cluster.nodes), f"https://{ns.server_ip}",
                                verify=certs.by_address()))  # fmt: skip
         stack.callback(lb.stop)
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
-               "E2B_DOMAIN": DOMAIN, "E2B_API_KEY": API_KEY,
-               "SSL_CERT_FILE": str(certs.ca)}  # fmt: skip
+        yield ns, {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
+                   "E2B_DOMAIN": DOMAIN, "E2B_API_KEY": API_KEY,
+                   "SSL_CERT_FILE": str(certs.ca)}  # fmt: skip
+
+
+def test_the_sync_scenario_over_tls_with_only_e2b_domain(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The acceptance scenario as a production client runs it (tls_front)."""
+    with tls_front(cluster, tmp_path) as (ns, env):
         script = "from tests.e2e.scenarios import sync_sdk_scenario; sync_sdk_scenario()"
         r = ns.run([sys.executable, "-c", script], env, timeout=600, cwd=REPO)
-        tails = "\n".join(g.tail() for g in gws)
-        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{tails}\n{lb.tail()}"
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
 
 
 def _settles(cluster: Cluster, sandbox_id: str) -> bool:
