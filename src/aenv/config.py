@@ -199,6 +199,12 @@ class Config(BaseModel):
     # measured, fits it (orchestrator/memory_admission.py).
     memory_overcommit: float = Field(4.0, gt=0)
     max_concurrent_boots: int = 4
+    # Images a create may name instead of a template (pulled on demand, images/on_demand.py)
+    # and the build API's fromImage may start from: registries as `host` (any port),
+    # `host:port` or `host/path` (a repository prefix); "*" any. Not the node's own exports.
+    image_registries: list[str] = Field(default_factory=lambda: list(PUBLIC_REGISTRIES))
+    image_metadata_key: str = ""  # a create's metadata under this key names its image
+    image_short_names: bool = False  # `ubuntu:22.04`, no template of that name: Docker Hub's
     # A create (or reboot) past max_concurrent_boots waits this long for a boot to end
     # before its 429 (orchestrator/boots.py); below the SDK's 60 s request timeout.
     admission_queue_s: float = Field(30.0, ge=0, le=50)
@@ -350,6 +356,8 @@ _SIMPLE_ENV = {
     "PRIME_WARM": "prime_warm",
     "MAX_CONCURRENT_BOOTS": "max_concurrent_boots",
     "ADMISSION_QUEUE_S": "admission_queue_s",
+    "IMAGE_METADATA_KEY": "image_metadata_key",
+    "IMAGE_SHORT_NAMES": "image_short_names",
     "ON_SHUTDOWN": "on_shutdown",
     "DISK_RESERVE_MIB": "disk_reserve_mib",
     "LOG_LEVEL": "log_level",
@@ -374,6 +382,10 @@ _SIMPLE_ENV = {
     "TEMPLATES_DIR": "templates_path",
     "VOLUMES_DIR": "volumes_path",
 }
+
+
+PUBLIC_REGISTRIES = ("docker.io", "ghcr.io", "quay.io", "gcr.io", "public.ecr.aws",
+                     "registry.k8s.io", "mcr.microsoft.com", "nvcr.io")
 
 
 def _csv(text: str) -> list[str]:
@@ -412,6 +424,7 @@ _STORE_ENV = {
 ENV_NAMES: dict[tuple[str, ...], str] = {
     **{(field,): ENV_PREFIX + suffix for suffix, field in _SIMPLE_ENV.items()},
     ("build_egress_allow",): ENV_PREFIX + "BUILD_EGRESS_ALLOW",
+    ("image_registries",): ENV_PREFIX + "IMAGE_REGISTRIES",
     ("registry", "mirrors"): ENV_PREFIX + "REGISTRY_MIRRORS",
     **{("cluster", key): ENV_PREFIX + suffix for suffix, key in _CLUSTER_ENV.items()},
     ("cluster", "etcd_endpoints"): ENV_PREFIX + "ETCD_ENDPOINTS",
@@ -456,6 +469,8 @@ def load(
     for suffix, field in _SIMPLE_ENV.items():
         if ENV_PREFIX + suffix in env:
             data[field] = env[ENV_PREFIX + suffix]
+    if ENV_PREFIX + "IMAGE_REGISTRIES" in env:  # "docker.io,127.0.0.1:5000,ghcr.io/org"
+        data["image_registries"] = _csv(env[ENV_PREFIX + "IMAGE_REGISTRIES"])
     if ENV_PREFIX + "BUILD_EGRESS_ALLOW" in env:  # "198.19.0.0/16,10.1.2.3/32"
         data["build_egress_allow"] = _csv(env[ENV_PREFIX + "BUILD_EGRESS_ALLOW"])
     if ENV_PREFIX + "REGISTRY_MIRRORS" in env:  # "docker.io=http://a:5000,http://b;ghcr.io=..."

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.host import DATA_DIR, ServerProcess, free_port, qemu_pids
+from tests.support.host import DATA_DIR, TEST_IMAGE_REGISTRIES, ServerProcess, free_port, qemu_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 AENV = str(ROOT / ".venv" / "bin" / "aenv")
@@ -136,6 +136,7 @@ def _node(tmp_path_factory: pytest.TempPathFactory, name: str, **env: str) -> No
         "AENV_LOG_LEVEL": "info",
         "AENV_TTL_SWEEP_INTERVAL_S": "0.25",
         "AENV_PRIMED_POOL_SIZE": "0",  # as in the e2e nodes (tests/e2e/conftest.py)
+        "AENV_IMAGE_REGISTRIES": TEST_IMAGE_REGISTRIES,
         **env,
     }
     return Node(port=port, log=tmp / "server.log", home=home, server_env=server_env)

@@ -23,6 +23,7 @@ import aenv.machines.runtime  # noqa: F401 (what the suite drives: a broken one 
 from tests.support import census
 from tests.support.host import (  # noqa: F401 (re-exported)
     DATA_DIR,
+    TEST_IMAGE_REGISTRIES,
     ServerProcess,
     free_port,
     qemu_pids,
@@ -76,6 +77,7 @@ class NodeProcess(ServerProcess):
             # Off but in test_primed.py: a primed VM would serve every create of `base`,
             # refill (CPU) after each, and add to the VMs the tests count.
             "AENV_PRIMED_POOL_SIZE": "0",
+            "AENV_IMAGE_REGISTRIES": TEST_IMAGE_REGISTRIES,
             **self.extra_env,
         }
         out = self.log.open("ab")

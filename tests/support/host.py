@@ -97,3 +97,8 @@ def guest_ram(instance: str, sandbox_id: str, data_dir: Path = DATA_DIR) -> byte
     with open(f"/proc/{vmm.pid}/mem", "rb", buffering=0) as f:
         f.seek(vmm.start)
         return f.read(vmm.end - vmm.start)
+
+
+# The registries test nodes may pull from: the public ones (docker.io comes from a loopback
+# mirror in the tests that use it) and the tests' own registries on loopback.
+TEST_IMAGE_REGISTRIES = "docker.io,ghcr.io,127.0.0.1"

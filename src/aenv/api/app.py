@@ -41,6 +41,7 @@ from aenv.config import Config
 from aenv.images import bases
 from aenv.images.builds import Builds
 from aenv.images.context import ContextStore
+from aenv.images.on_demand import OnDemandImages
 from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
 from aenv.orchestrator.pending import PendingTemplates
@@ -69,6 +70,7 @@ def build_api(node: Node) -> FastAPI:
     api.state.api_key = node.api_key
     api.state.domain = node.config.domain or None
     api.state.builds = node.builds
+    api.state.images = node.images
     api.state.cluster_token = node.config.cluster.token
     api.state.proxy = node.proxy
     api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
@@ -116,6 +118,10 @@ class Node:
         self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain,
                                     resolve=self.orchestrator.route_for_paused)  # fmt: skip
         self.builds = _builds(config, self.runtime, self.orchestrator.pending)
+        # Sandboxes from image references (images/on_demand.py): a node that builds pulls.
+        self.images = (OnDemandImages(config, self.runtime, self.orchestrator.pending)
+                       if self.builds is not None else None)  # fmt: skip
+        self.orchestrator.images = self.images
         # The node's own `base`, made while it serves if it has none (images/bases.py).
         self.base = (bases.InBackground(self.runtime, self.orchestrator.pending)
                      if self.builds is not None else None)  # fmt: skip
@@ -159,6 +165,8 @@ class Node:
                 await self.membership.leave()
             if self.base is not None:
                 await self.base.close()
+            if self.images is not None:
+                await self.images.close()
             if self.builds is not None:
                 await self.builds.close()  # their VMs go before the runtime does
             await self.orchestrator.close()

@@ -28,6 +28,7 @@ from aenv.orchestrator.errors import (
     StateConflict,
     Unsupported,
 )
+from aenv.orchestrator.images import ImageTemplates
 from aenv.orchestrator.requests import (
     FALLBACK_ENVD_VERSION,
     FULL_RETRY_AFTER_S,
@@ -49,6 +50,8 @@ S = SandboxState
 
 class Forking:
     """Part of `Orchestrator` (orchestrator/service.py), whose state it uses."""
+
+    images: ImageTemplates | None
 
     async def snapshot(self, sandbox_id: str, name: str | None = None, *,
                        memory: bool = True) -> SnapshotInfo:
@@ -130,7 +133,10 @@ class Forking:
             on_its_way = self.pending.find(names.candidates(name, team_id) if team_id
                                            else [name])  # fmt: skip
             if on_its_way is None:
-                raise
+                if self.images is None or not self.images.is_image(name):
+                    raise
+                # No template of that name: an image reference, pulled on demand.
+                return await self._resolve(await self.images.template_for(name), team_id)
             await self.pending.wait(on_its_way)
             info = await self._in_cluster(name, team_id, self.resolve_template)
         if info.fetched and self.shared is not None:

@@ -33,6 +33,7 @@ from aenv.orchestrator.errors import (
     StateConflict,
 )
 from aenv.orchestrator.forking import Forking
+from aenv.orchestrator.images import ImageTemplates
 from aenv.orchestrator.locks import Joiner, SandboxLocks
 from aenv.orchestrator.memory_admission import MemoryAdmission
 from aenv.orchestrator.networking import Networking
@@ -105,6 +106,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         # Templates on their way (builds, pulls, fetches): creates naming them wait.
         self.pending = PendingTemplates(config.template_wait_s)
         self.shared: snaps.Shared | None = None  # set by the cluster plane (cluster/node.py)
+        self.images: ImageTemplates | None = None  # images on demand (the node's, api/app.py)
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         self.secrets: Secrets | None = None  # from start(); a cluster's replaces it
         self.volumes: Volumes | None = None  # from start()
@@ -297,7 +299,12 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
                                  req.dns_servers, req.egress_proxy, req.rules)  # fmt: skip
         ingress = self.ingress_for(req)
         await self.check_egress(egress, req.team_id)
-        info = await self._resolve(req.template, req.team_id)  # TemplateNotFound -> 404
+        image = self.images.image_in(req.metadata) if self.images is not None else None
+        if image is not None:  # the operator's metadata key names the image to boot
+            assert self.images is not None
+            info = await self._resolve(await self.images.template_for(image), req.team_id)
+        else:
+            info = await self._resolve(req.template, req.team_id)  # TemplateNotFound: 404
         volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts, req.team_id)
         shape = self._shape(info.shape, req)
         await memory_pressure.relieve(self, shape.memory_mib)
