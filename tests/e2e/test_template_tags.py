@@ -72,3 +72,34 @@ def test_a_create_from_name_and_build_id_waits_for_that_build(node: NodeProcess,
         sbx.kill()
         with node.api() as c:
             assert c.delete(f"/templates/{name}").status_code == 204
+
+
+def test_concurrent_builds_of_the_same_steps_join_one(node: NodeProcess, seeded: Seeded) -> None:
+    """Two trainer processes building one environment at once (each with its own lock):
+    the second build joins the first; both end ready, the template carries both tags, and
+    either build id creates."""
+    name = f"e2e-join-{int(time.time() * 1000) % 10**8}"
+    t = Template().from_image(seeded.multi).run_cmd("echo joined > /tmp/j.txt", user="root")
+    first = Template.build_in_background(t, f"{name}:a-r5")
+    second = Template.build_in_background(t, f"{name}:b-r5")
+    try:
+        for info in (first, second):
+            for _ in range(600):
+                status = Template.get_build_status(info).status.value
+                if status != "building":
+                    break
+                time.sleep(0.5)
+            assert status == "ready", status
+        log = node.log.read_text()
+        assert f"build {second.build_id} of {name} joined build {first.build_id}" in log
+        assert log.count(f"of {name} started") == 1
+        assert sorted(x.tag for x in Template.get_tags(name)) == ["a-r5", "b-r5"]
+        for info in (first, second):
+            sbx = Sandbox.create(f"{name}:{info.build_id}", timeout=60)
+            try:
+                assert sbx.commands.run("cat /tmp/j.txt").stdout == "joined\n"
+            finally:
+                sbx.kill()
+    finally:
+        with node.api() as c:
+            c.delete(f"/templates/{name}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import secrets
@@ -96,6 +97,7 @@ class Builds:
         self._builds: dict[str, Build] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._copying: dict[str, set[str]] = {}  # build id -> the contexts its COPY steps use
+        self._keys: dict[str, bytes] = {}  # build id -> its spec and shape's hash (joins)
         self._slots = asyncio.Semaphore(cfg.max_concurrent_builds)
         self._starting: set[str] = set()  # cached snapshots builds are starting from
         self._recover()
@@ -153,7 +155,7 @@ class Builds:
         from aenv.machines.api import TagNotFound
 
         t = self.template(name)
-        if tag and tag not in (*t.tags, "default", t.e2b_build_id):
+        if tag and tag not in (*t.tags, "default", t.e2b_build_id, *t.build_ids):
             raise TagNotFound(name, tag)
         t.tags = sorted(set(t.tags) | set(tags))
         self.rt.catalog.put(t)
@@ -175,12 +177,44 @@ class Builds:
         spec.check()
         b.status = "building"  # at once: the SDK's build_in_background reads it right away
         self._save(b)
-        self._copying[b.build_id] = {s.filesHash for s in spec.steps if s.filesHash}
-        log.info("build %s of %s started (tags %s)", b.build_id, b.template_id, b.tags)
-        task = self._tasks[b.build_id] = asyncio.create_task(self._run(b, spec))
+        key = hashlib.sha256(f"{spec.model_dump_json()}|{b.shape.model_dump_json()}".encode())
+        leader = None if spec.force else next(
+            (o for o in self._builds.values() if o.status == "building"
+             and o.template_id == b.template_id and self._keys.get(o.build_id) == key.digest()
+             and o.build_id in self._tasks), None)  # fmt: skip
+        if leader is not None:  # the same template, steps and shape already building: join it
+            log.info("build %s of %s joined build %s (tags %s)", b.build_id, b.template_id,
+                     leader.build_id, b.tags)  # fmt: skip
+            b.logs = leader.logs  # one log: the leader's entries, as they come
+            work = self._follow(b, leader, self._tasks[leader.build_id])
+        else:
+            self._keys[b.build_id] = key.digest()
+            self._copying[b.build_id] = {s.filesHash for s in spec.steps if s.filesHash}
+            log.info("build %s of %s started (tags %s)", b.build_id, b.template_id, b.tags)
+            work = self._run(b, spec)
+        task = self._tasks[b.build_id] = asyncio.create_task(work)
         self.pending.track([*b.names, *(f"{n}:{t}" for n in b.names
                                         for t in [*b.tags, b.build_id])],
                            "build", lambda: _status(b), task)  # fmt: skip
+
+    async def _follow(self, b: Build, leader: Build, task: asyncio.Task[None]) -> None:
+        """A joined build ends as the build it joined; once ready, the template also
+        carries its tags, and its build id names it too."""
+        try:
+            await asyncio.wait([task])  # not cancelled with this one
+            b.status, b.reason = leader.status, leader.reason
+            if b.status == "ready":
+                t = self.template(b.template_id)
+                t.tags = sorted(set(t.tags) | set(b.tags))
+                t.build_ids = [*t.build_ids, b.build_id][-16:]
+                self.rt.catalog.put(t)
+        except asyncio.CancelledError:
+            b.status, b.reason = "error", {"message": "the build was cancelled", "step": "base"}
+            raise
+        finally:
+            b.logs = list(b.logs)
+            self._save(b)
+            self._tasks.pop(b.build_id, None)
 
     async def cancel(self, b: Build) -> None:
         task = self._tasks.get(b.build_id)
@@ -229,6 +263,7 @@ class Builds:
                 await self.rt.destroy(vm)
             self._save(b)
             self._tasks.pop(b.build_id, None)
+            self._keys.pop(b.build_id, None)
             self._copying.pop(b.build_id, None)
             with contextlib.suppress(Exception):
                 stepgc.evict(self.cache, self.rt.snapshots, self.cfg.step_cache_bytes,

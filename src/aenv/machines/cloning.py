@@ -82,7 +82,7 @@ class Cloning:
             t = self.catalog.get(base)
         except TemplateMissing:
             raise TemplateNotFound(f"template {name!r} not found") from None
-        if tag and tag not in (*t.tags, "default", t.e2b_build_id):
+        if tag and tag not in (*t.tags, "default", t.e2b_build_id, *t.build_ids):
             raise TagNotFound(base, tag)
         return TemplateInfo(
             template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,

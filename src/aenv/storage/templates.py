@@ -35,6 +35,7 @@ class Template:
     # An E2B build's: its tags (`name:tag` resolves to this build) and build id (a UUID).
     tags: list[str] = field(default_factory=list)
     e2b_build_id: str = ""
+    build_ids: list[str] = field(default_factory=list)  # builds that joined it (its ids too)
     # Set on a copy this node fetched from a peer or the snapshot store (cluster/sharing.py):
     # where from and when. Not this node's own: not listed, never published from here.
     fetched: dict[str, object] | None = None

@@ -128,6 +128,9 @@ class Gateway:
         self.published: PrefixView[PublishedEntry] | None = None
         self.idem: Idempotency | None = None
         self.orphans = orphans.GatewayOrphans(self.pool)  # creates nobody received
+        # A burst's placements race for one reservation key per node: in turn, each wins its
+        # first transaction (only other gateways' still race, placement.py).
+        self._placing = asyncio.Lock()
         self.teams: EtcdTeams | None = None  # every team's keys (cluster/teams.py)
         self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
         install_abort_filter()
@@ -446,8 +449,9 @@ class Gateway:
                         "exists")})  # fmt: skip
                     return None
             try:
-                return await placement.place(self.etcd, self.prefix, holders or nodes, req,
-                                             self.policy)  # fmt: skip
+                async with self._placing:  # this gateway's placements one at a time
+                    return await placement.place(self.etcd, self.prefix, holders or nodes,
+                                                 req, self.policy)  # fmt: skip
             except PlacementFailed as e:
                 await send_json(send, 429, {"code": 429, "message": str(e)},
                                 [(b"retry-after", str(FULL_RETRY_AFTER_S).encode())])
