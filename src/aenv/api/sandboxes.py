@@ -37,6 +37,7 @@ from aenv.cluster import wire
 from aenv.machines.api import TemplateNotFound
 from aenv.network.transforms import to_json as rules_to_json
 from aenv.orchestrator.errors import Unsupported
+from aenv.orchestrator.orphans import Claim
 from aenv.orchestrator.service import CreateRequest, Orchestrator
 from aenv.orchestrator.states import PUBLIC_STATE, states_for_public
 from aenv.orchestrator.store import ListQuery, SandboxRecord
@@ -236,9 +237,11 @@ async def _create(request: Request, body: NewSandbox, default_timeout: int) -> S
         if first:
             orch.create_keys.ended(req.team_id, key, claim, ok=True)
     if await request.is_disconnected():  # nobody will learn its id (orchestrator/orphans.py)
+        if claim is None and key is not None:  # a gateway's keyed create: its retry may come
+            claim = Claim(rec.sandbox_id, "")  # through another gateway (the key in etcd)
         orch.orphans.left(rec.sandbox_id, claim)
-    elif claim is not None:
-        claim.received = True
+    else:
+        orch.orphans.taken(rec.sandbox_id)
     return _sandbox(request, rec)
 
 

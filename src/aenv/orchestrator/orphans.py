@@ -6,9 +6,11 @@ ever kill it: on hosted platforms that race left sandboxes by the ten thousand. 
 the client means to retry: a retry with the same key (and body) gets the same sandbox, and
 the sandbox is removed only if no retry has taken it within `KEYED_GRACE_S`.
 
-A node behind a cluster gateway leaves this to the gateway (its keys live in etcd, and the
-node's client is the gateway, which does not leave): a gateway's create carries the id it
-placed (`CreateRequest.sandbox_id`), and the node keeps no key of its own for it.
+Behind a cluster gateway the keys live in etcd and the gateway watches its own client
+(cluster/gateway/orphans.py); a gateway's create carries the id it placed, and the node keeps
+no key of its own for it. The node's client is then the gateway: if that connection drops
+(the gateway died mid-create), the sandbox is removed as here, after the grace if the
+create carried a key (its retry, through another gateway, takes it).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Claim:
     body_sha256: str
     at: float = field(default_factory=time.monotonic)
     done: bool = False  # its create succeeded: a retry gets that sandbox, never a new one
-    received: bool = False  # an answer with it reached a client still connected
+    received: bool = False  # an answer naming its sandbox reached a client still there
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # its first try ended
 
 
@@ -93,9 +95,12 @@ class Orphans:
         self._kill = kill
         self.keyed_grace_s = keyed_grace_s
         self._tasks: set[asyncio.Task[None]] = set()
+        self._keyed: dict[str, Claim] = {}  # keyed orphans waiting for a retry to take them
 
     def left(self, sandbox_id: str, claim: Claim | None) -> None:
         """The create of `sandbox_id` answered a client that had gone."""
+        if claim is not None:
+            self._keyed[sandbox_id] = claim
         task = asyncio.get_running_loop().create_task(self._remove(sandbox_id, claim),
                                                       name=f"aenv-orphan-{sandbox_id}")
         self._tasks.add(task)
@@ -104,6 +109,7 @@ class Orphans:
     async def _remove(self, sandbox_id: str, claim: Claim | None) -> None:
         if claim is not None:
             await asyncio.sleep(self.keyed_grace_s)
+            self._keyed.pop(sandbox_id, None)
             if claim.received:
                 return
         try:
@@ -116,6 +122,11 @@ class Orphans:
             return
         log_event(log, "sandbox.orphan_removed", sandbox_id=sandbox_id,
                   keyed=claim is not None)  # fmt: skip
+
+    def taken(self, sandbox_id: str) -> None:
+        """A create's answer naming `sandbox_id` reached a client still there (a retry's)."""
+        if (c := self._keyed.get(sandbox_id)) is not None:
+            c.received = True
 
     async def close(self) -> None:
         for t in list(self._tasks):

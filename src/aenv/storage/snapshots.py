@@ -215,6 +215,8 @@ class SnapshotStore:
                     clone(sources[name], dst)
                     fsync_path(dst)
                 dst.chmod(0o444)  # shared artifacts: root-owned, read-only for jails
+                if os.geteuid() == 0 and dst.stat().st_uid != 0:
+                    os.chown(dst, 0, 0)  # a linked RAM file a jail's VMM created
             manifest.state_sha256 = (checksums_mod.sha256_file(stage / "state")
                                      if manifest.memory else None)  # fmt: skip
             manifest.checksums = CHECKSUMS_FILE if checksums else None

@@ -234,6 +234,9 @@ def save(pid: int, memory_file: Path, size: int, durable: bool = True) -> Saved:
     if os.stat(memory_file).st_nlink == 1 and not stale:
         dst = os.open(memory_file, os.O_WRONLY)
         try:
+            # Root's and read-only from here on, as a file written anew is: a snapshot may
+            # link it (a cold-booted VM's RAM file was its jail's).
+            _immutable(dst)
             return Saved(_copy_runs(m, dst, runs, durable), runs, True)
         finally:
             os.close(dst)
@@ -311,11 +314,21 @@ def forget_base(memory_file: Path) -> None:
 
 
 def readable(memory_file: Path) -> None:
-    """A VM's RAM files readable by any jail: they are immutable, but one a node fetched or
-    took over may have come as 0600."""
+    """A VM's RAM files readable by any jail and root's: they are immutable and shared by
+    every VM of their snapshot (a jail that owned one could make it writable). One a node
+    fetched or took over may have come as 0600; one saved in place by a node of 2026-12-04
+    kept its cold-booted VM's jail owner."""
     for p in (memory_file, memory_file.with_name(BASE_NAME)):
         if p.exists():
-            p.chmod(0o444)
+            _immutable(p)
+
+
+def _immutable(p: Path | int) -> None:
+    st = os.stat(p)
+    if (st.st_uid != 0 or st.st_gid != 0) and os.geteuid() == 0:
+        os.chown(p, 0, 0)
+    if st.st_mode & 0o777 != 0o444:
+        os.chmod(p, 0o444)
 
 
 def place(src: Path, dst: Path) -> None:
