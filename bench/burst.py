@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node import Node, free_port, pct  # bench/node.py
+from node import Node, gateway_for, pct  # bench/node.py
 
 from tests.support.etcd import etcd_cluster
 
@@ -153,24 +152,8 @@ def main() -> None:
                "AENV_MAX_SANDBOXES": "64", "AENV_PRIMED_POOL_SIZE": "0"}  # fmt: skip
         node = Node(Path(tmp, "node.log"), **env)
         node.start()
-        gw_port = free_port()
-        with Path(tmp, "gateway.log").open("ab") as out:
-            gw = subprocess.Popen(
-                [sys.executable, "-m", "aenv.cli.main", "gateway", "--port", str(gw_port)],
-                env={**os.environ, **env, "AENV_API_KEY": node.key, "AENV_HOST": "127.0.0.1"},
-                stdout=out, stderr=out)  # fmt: skip
-        via = f"http://127.0.0.1:{gw_port}"
+        gw, via = gateway_for(node, env, Path(tmp, "gateway.log"))
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(via + "/health", timeout=1).json()["nodes"] == 1:
-                        break
-                except (httpx.HTTPError, ValueError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit("the gateway did not see the node")
-                time.sleep(0.2)
             for where, origin in (("node", node.origin), ("gateway", via)):
                 if where not in args.via.split(","):
                     continue

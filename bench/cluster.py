@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
-from node import Node, free_port, interleaved, pct, rps  # bench/node.py
+from node import Node, gateway_for, interleaved, pct, rps  # bench/node.py
 from transfer_rows import transfer_rows
 
 from aenv.cluster.etcd import Etcd, TxnResult
@@ -128,7 +128,6 @@ async def _lost_node(endpoints: list[str], ttl: int, runs: int) -> dict[str, str
 
 def _gateway(endpoints: list[str], runs: int, seconds: int, transfers: bool
              ) -> dict[str, str]:  # fmt: skip
-    import subprocess
     import tempfile
 
     import httpx
@@ -140,24 +139,9 @@ def _gateway(endpoints: list[str], runs: int, seconds: int, transfers: bool
            "AENV_PRIMED_POOL_SIZE": "0"}  # fmt: skip
     node = Node(tmp / "node.log", **env)
     node.start()
-    gw_port = free_port()
-    gw_env = {**os.environ, **env, "AENV_API_KEY": node.key, "AENV_HOST": "127.0.0.1"}
-    with (tmp / "gateway.log").open("ab") as out:
-        gw = subprocess.Popen([sys.executable, "-m", "aenv.cli.main", "gateway", "--port",
-                               str(gw_port)], env=gw_env, stdout=out, stderr=out)  # fmt: skip
-    via = f"http://127.0.0.1:{gw_port}"
+    gw, via = gateway_for(node, env, tmp / "gateway.log")
     rows: dict[str, str] = {}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(via + "/health", timeout=1).json()["nodes"] == 1:
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the gateway did not see the node")
-            time.sleep(0.2)
         headers = {"X-API-Key": node.key}
         with httpx.Client(base_url=via, headers=headers, timeout=120) as g, \
                 httpx.Client(base_url=node.origin, headers=headers, timeout=120) as d:

@@ -134,6 +134,29 @@ class Node:
         raise RuntimeError(f"no slot address logged for {sandbox_id}")
 
 
+def gateway_for(node: Node, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """An `aenv gateway` of the cluster `env` names (etcd, token, prefix) in front of
+    `node`, once it sees the node: the process and its origin."""
+    port = free_port()
+    with log.open("ab") as out:
+        gw = subprocess.Popen([sys.executable, "-m", "aenv.cli.main", "gateway", "--port",
+                               str(port)], stdout=out, stderr=out,
+                              env={**os.environ, **env, "AENV_API_KEY": node.key,
+                                   "AENV_HOST": "127.0.0.1"})  # fmt: skip
+    via = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(via + "/health", timeout=1).json()["nodes"] == 1:
+                return gw, via
+        except (httpx.HTTPError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            gw.kill()
+            raise SystemExit("the gateway did not see the node")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def sdk_node(**extra_env: str) -> Iterator[Node]:
     """A node with no pools (their VMs would boot beside the samples on these few cores),

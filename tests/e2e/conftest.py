@@ -28,6 +28,8 @@ from tests.support.host import (  # noqa: F401 (re-exported)
     free_port,
     qemu_pids,
 )
+from tests.support.image_state import removed_after
+from tests.support.registry import Seeded, seeded_registry
 
 API_KEY = "aenv-e2e-key"
 START_DEADLINE_S = 90
@@ -196,3 +198,22 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     """A node for this module, with the SDK's env pointed at it; checked for leaks after."""
     with running_node(tmp_path_factory.mktemp("node")) as n:
         yield n
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    """A registry on loopback holding the test images (tests/support/registry.py), for a
+    module; the images and templates it made are removed after."""
+    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
+        yield s
+
+
+def output_in_new_sandbox(template: str, cmd: str) -> str:
+    """What `cmd` prints in a new sandbox of `template`, killed after."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(template, timeout=120)
+    try:
+        return sbx.commands.run(cmd).stdout
+    finally:
+        sbx.kill()

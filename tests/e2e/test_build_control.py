@@ -17,14 +17,13 @@ from e2b.template.types import BuildInfo
 
 from tests.support import census
 from tests.support.host import DATA_DIR
-from tests.support.image_state import removed_after
 from tests.support.internet import (
     Internet,
     free_port,
     internet_with_http,
     slots_forwarding,
 )
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools
 
 from .conftest import NodeProcess, qemu_pids, sdk_pointed_at
 
@@ -34,12 +33,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
 BODY = b"hello from the test internet\n"
 # busybox's own HTTP client (its wget needs glibc's resolver, which a static busybox lacks).
 GET = "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5"
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

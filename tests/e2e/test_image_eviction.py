@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from aenv.images.reference import parse
 from aenv.images.templates import image_cache
 from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools
 
 from .conftest import NodeProcess
 
@@ -28,12 +27,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
               pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
 
 AENV = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "aenv")
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 def pull(ref: str, name: str, bound: int, ok: bool = True) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from e2b import Sandbox
 from aenv.machines import guest_trust
 from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools
 
 from .conftest import NodeProcess
 
@@ -28,12 +28,6 @@ AENV = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "aenv")
 # The guest's own Python, from the tools drive (the image has none), to read an xattr.
 GUEST_PY = ("PYTHONHOME=/.aenv/python /.aenv/lib/ld-linux-x86-64.so.2 --library-path "
             "/.aenv/lib /.aenv/python/bin/python3 -c")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 def aenv(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,19 +17,12 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException, SandboxException
 
-from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools
 
-from .conftest import NodeProcess, running_node
+from .conftest import NodeProcess, output_in_new_sandbox, running_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
               pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +93,7 @@ def test_a_template_name_wins_over_a_docker_hub_short_name(images_node: NodeProc
     Template.build(Template().from_image(seeded.multi).run_cmd("echo mine > /tmp/mine"),
                    "ubuntu:22.04")  # fmt: skip
     try:
-        s = Sandbox.create("ubuntu:22.04", timeout=60)
-        try:
-            assert s.commands.run("cat /tmp/mine").stdout == "mine\n"
-        finally:
-            s.kill()
+        assert output_in_new_sandbox("ubuntu:22.04", "cat /tmp/mine") == "mine\n"
     finally:
         with images_node.api() as c:
             assert c.delete("/templates/ubuntu").status_code == 204

@@ -17,24 +17,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Iterator
 
 import pytest
 from e2b import AsyncSandbox, AsyncTemplate, CommandExitException
 
-from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools
 
 from .conftest import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 def _alias(image: str, cpu: int, mem: int) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,18 +16,12 @@ from aenv.images.reference import parse
 from aenv.storage.templates import TemplateCatalog, TemplateMissing
 from tests.support.host import DATA_DIR
 from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools
 
 from .conftest import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
               pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 @pytest.fixture

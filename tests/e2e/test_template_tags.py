@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import SandboxException, TemplateException
 
-from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, seeded_registry
+from tests.support.registry import Seeded, have_tools
 
-from .conftest import NodeProcess
+from .conftest import NodeProcess, output_in_new_sandbox
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 def test_a_create_from_name_and_build_id_waits_for_that_build(node: NodeProcess,
@@ -95,11 +87,8 @@ def test_concurrent_builds_of_the_same_steps_join_one(node: NodeProcess, seeded:
         assert log.count(f"of {name} started") == 1
         assert sorted(x.tag for x in Template.get_tags(name)) == ["a-r5", "b-r5"]
         for info in (first, second):
-            sbx = Sandbox.create(f"{name}:{info.build_id}", timeout=60)
-            try:
-                assert sbx.commands.run("cat /tmp/j.txt").stdout == "joined\n"
-            finally:
-                sbx.kill()
+            assert output_in_new_sandbox(f"{name}:{info.build_id}", "cat /tmp/j.txt") == \
+                "joined\n"  # fmt: skip
     finally:
         with node.api() as c:
             c.delete(f"/templates/{name}")

@@ -16,13 +16,11 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.image_state import removed_after
-from tests.support.registry import Seeded, have_tools, push_exported, seeded_registry
+from tests.support.registry import Seeded, have_tools, push_exported
 
 from .conftest import API_KEY, NodeProcess
 
@@ -46,12 +44,6 @@ def _venv(name: str, python: Path, requirement: str) -> Path:
                    timeout=1800)  # fmt: skip
     done.write_text(requirement)
     return root
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    with removed_after(), seeded_registry(tmp_path_factory.mktemp("registry")) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

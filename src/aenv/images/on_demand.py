@@ -16,7 +16,6 @@ template (`aenv pull` refreshes a tag).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -29,6 +28,7 @@ from aenv.orchestrator.errors import Forbidden, InvalidRequest
 from aenv.orchestrator.pending import PendingTemplates
 from aenv.storage.files import write_json_atomic
 from aenv.storage.templates import TemplateMissing
+from aenv.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class OnDemandImages:
         self.pending = pending
         self._made_path = cfg.images_dir / "on-demand.json"  # reference -> its template
         self._failed: dict[str, str] = {}  # reference -> why its last try failed
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
 
     # -- what is an image, and which may be pulled ---------------------------------------
 
@@ -104,10 +104,7 @@ class OnDemandImages:
         p = self.pending.find([f"image:{key}"])
         if p is None:
             self._failed.pop(key, None)
-            task = asyncio.get_running_loop().create_task(self._make(key),
-                                                          name=f"aenv-pull-{key}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task = self._tasks.spawn(self._make(key), f"aenv-pull-{key}")
             self.pending.track([f"image:{key}"], "pull", lambda: f"pulling {key}", task)
             p = self.pending.find([f"image:{key}"])
         if p is not None:
@@ -150,8 +147,4 @@ class OnDemandImages:
         return {}
 
     async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.close()

@@ -16,7 +16,6 @@ create carried a key (its retry, through another gateway, takes it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from aenv.obs import log_event
 from aenv.orchestrator.errors import InvalidRequest, NotFound, OrchestratorError, StateConflict
 from aenv.orchestrator.requests import new_sandbox_id
+from aenv.tasks import TaskSet
 
 log = logging.getLogger("aenv.orchestrator")
 
@@ -94,17 +94,14 @@ class Orphans:
                  keyed_grace_s: float = KEYED_GRACE_S) -> None:  # fmt: skip
         self._kill = kill
         self.keyed_grace_s = keyed_grace_s
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._keyed: dict[str, Claim] = {}  # keyed orphans waiting for a retry to take them
 
     def left(self, sandbox_id: str, claim: Claim | None) -> None:
         """The create of `sandbox_id` answered a client that had gone."""
         if claim is not None:
             self._keyed[sandbox_id] = claim
-        task = asyncio.get_running_loop().create_task(self._remove(sandbox_id, claim),
-                                                      name=f"aenv-orphan-{sandbox_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._remove(sandbox_id, claim), f"aenv-orphan-{sandbox_id}")
 
     async def _remove(self, sandbox_id: str, claim: Claim | None) -> None:
         if claim is not None:
@@ -129,8 +126,4 @@ class Orphans:
             c.received = True
 
     async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.close()

@@ -8,7 +8,6 @@ gateway) took it: the key's claim in etcd says so (`Idempotency.received`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -18,6 +17,7 @@ from aenv.cluster.gateway.nodes import NodeUnreachable, call
 from aenv.cluster.membership import NodeRecord
 from aenv.obs import log_event
 from aenv.orchestrator.orphans import KEYED_GRACE_S
+from aenv.tasks import TaskSet
 
 log = logging.getLogger("aenv.gateway")
 Headers = list[tuple[bytes, bytes]]
@@ -27,15 +27,13 @@ class GatewayOrphans:
     def __init__(self, pool: Any, keyed_grace_s: float = KEYED_GRACE_S) -> None:
         self.pool = pool
         self.keyed_grace_s = keyed_grace_s
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
 
     def left(self, node: NodeRecord, sandbox_id: str, headers: Headers,
              claim: tuple[Idempotency, str] | None) -> None:  # fmt: skip
         """The create of `sandbox_id` on `node` answered after its client had gone."""
-        task = asyncio.get_running_loop().create_task(
-            self._remove(node, sandbox_id, headers, claim), name=f"aenv-orphan-{sandbox_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._remove(node, sandbox_id, headers, claim),
+                          f"aenv-orphan-{sandbox_id}")
 
     async def _remove(self, node: NodeRecord, sandbox_id: str, headers: Headers,
                       claim: tuple[Idempotency, str] | None) -> None:  # fmt: skip
@@ -59,8 +57,4 @@ class GatewayOrphans:
                   keyed=claim is not None, status=a.status)  # fmt: skip
 
     async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.close()
