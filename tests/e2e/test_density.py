@@ -149,6 +149,10 @@ def test_an_idle_sandbox_hands_back_what_it_wrote(tmp_path: Path) -> None:
             # Nothing lost: its memory and its processes are as they were.
             assert _sh(sbx, "md5sum /dev/shm/big | cut -d' ' -f1") == digest
             assert _sh(sbx, "pgrep -x sleep >/dev/null && echo alive") == "alive"
+            # A guest busy on its own (a job, no requests) is not idle: not reclaimed again.
+            _sh(sbx, "(while :; do :; done </dev/null >/dev/null 2>&1 &) ; echo started")
+            time.sleep(8)  # 4 rounds past its 2 s
+            assert n.log.read_text().count(f"sandbox.reclaimed sandbox_id={sbx.sandbox_id}") == 1
         finally:
             sbx.kill()
 

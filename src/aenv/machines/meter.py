@@ -8,6 +8,7 @@ region's smaps give what the API shows (`hostMemory`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,12 @@ def process_pss(pid: int) -> int:
         if line.startswith("Pss:"):
             return int(line.split()[1]) * KIB
     return 0
+
+
+def process_cpu_s(pid: int) -> float:
+    """The process's user + system CPU seconds so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def host_memory(pid: int, memory_file: Path) -> HostMemory:

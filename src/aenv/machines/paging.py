@@ -50,6 +50,16 @@ class Pager:
                 out[name] = meter.process_pss(m.vm.pid)
         return out
 
+    def cpu_seconds(self, name: str) -> float | None:
+        """The CPU time a running sandbox's VMM has used so far (None: it runs none)."""
+        m = self._machines.get(name)
+        if m is None:
+            return None
+        try:
+            return meter.process_cpu_s(m.vm.pid)
+        except (OSError, ValueError, IndexError):
+            return None
+
     def hot_pss(self) -> int:
         """What the hot VMMs hold in all, bytes (blocking)."""
         return self._hot.pss()

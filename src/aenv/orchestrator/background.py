@@ -102,9 +102,10 @@ async def metrics_sampler(orch: Node) -> None:
 
 
 async def idle_reclaimer(orch: Node) -> None:
-    """Hand back the memory of running sandboxes with no data-plane request in flight and
-    none for `reclaim_idle_s` (the runtime's pager), once per idle spell. A
-    sandbox an operation holds is left for the next round."""
+    """Hand back the memory of running sandboxes with no data-plane request in flight, none
+    for `reclaim_idle_s` and a quiet guest (its VMM's CPU, memory_pressure.IDLE_CPU) (the
+    runtime's pager), once per idle spell. A sandbox an operation holds is left for the
+    next round."""
     idle_s = orch.config.reclaim_idle_s
     if idle_s <= 0 or memory_pressure.pager_of(orch) is None:
         return
@@ -112,6 +113,7 @@ async def idle_reclaimer(orch: Node) -> None:
         await asyncio.sleep(max(0.5, idle_s / 4))
         now = time.monotonic()
         for route in list(orch.routes):
+            memory_pressure.note_cpu(orch, route, now)
             if memory_pressure.reclaimable(orch, route, idle_s, now):
                 await memory_pressure.reclaim(orch, route, "idle")
 

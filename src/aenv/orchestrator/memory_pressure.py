@@ -24,6 +24,9 @@ PRESSURE_IDLE_S = 5.0
 # A measurement that says "short" and is older than this is taken again before pressure is
 # relieved.
 FRESH_S = 2.0
+# A guest whose VMM uses more than this share of one core is busy, requests or not. An idle
+# guest's VMM under TCG uses ~1-3% (its timers); one running a job, 100%.
+IDLE_CPU = 0.15
 
 
 async def measure(orch: Node) -> None:
@@ -45,8 +48,23 @@ def pager_of(orch: Node) -> Pager | None:
 
 
 def reclaimable(orch: Node, route: Route, idle_s: float, now: float) -> bool:
+    """Idle: no data-plane request for `idle_s`, none open, and its VMM (the guest) used
+    under IDLE_CPU of a core over the reclaimer's last round (a job running on its own
+    would only fault its pages straight back)."""
     return not (route.streams or route.reclaimed or now - route.last_active < idle_s
+                or route.cpu_rate > IDLE_CPU
                 or orch._locks.locked(route.sandbox_id) or orch._closing)  # fmt: skip
+
+
+def note_cpu(orch: Node, route: Route, now: float) -> None:
+    """Its VMM's CPU use since the last reading (`route.cpu_rate`)."""
+    pager = pager_of(orch)
+    cpu = pager.cpu_seconds(route.sandbox_id) if pager is not None else None
+    if cpu is None:
+        return
+    mark, route.cpu_mark = route.cpu_mark, (now, cpu)
+    if mark is not None and now > mark[0]:
+        route.cpu_rate = max(0.0, cpu - mark[1]) / (now - mark[0])
 
 
 async def reclaim(orch: Node, route: Route, why: str) -> bool:
@@ -96,6 +114,8 @@ async def relieve(orch: Node, new_mib: int, vms: int = 1, *, keep: str | None = 
             return
     if orch.config.reclaim_idle_s > 0:
         now = time.monotonic()
+        for r in orch.routes:
+            note_cpu(orch, r, now)
         idle = sorted((r for r in orch.routes if reclaimable(orch, r, PRESSURE_IDLE_S, now)),
                       key=lambda r: r.last_active)  # fmt: skip
         for route in idle:

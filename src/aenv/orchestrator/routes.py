@@ -86,6 +86,10 @@ class Route:
     # was reclaimed since (background.idle_reclaimer).
     last_active: float = field(default_factory=time.monotonic)
     reclaimed: bool = False
+    # Its VMM's CPU use, a fraction of one core, over the reclaimer's last round; and the
+    # (time.monotonic(), CPU seconds) reading it came from (memory_pressure.note_cpu).
+    cpu_rate: float = 0.0
+    cpu_mark: tuple[float, float] | None = None
 
     @property
     def sandbox_id(self) -> str:
