@@ -16,6 +16,7 @@ from e2b import AsyncSandbox
 from e2b.exceptions import RateLimitException
 
 from .conftest import NodeProcess, running_node
+from .test_gateway import Cluster, cluster  # noqa: F401 (the module's fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 TEMPLATE = "base-minimal"
@@ -64,28 +65,31 @@ def test_64_simultaneous_creates_all_run(node64: NodeProcess) -> None:
     asyncio.run(burst())
 
 
+async def _fork_burst() -> None:
+    """16 clients each fork their sandbox into 4 children at once; every child runs and
+    has its parent's state."""
+    parents = [s for s, _ in await asyncio.gather(*(_create() for _ in range(16)))]
+    children: list[AsyncSandbox] = []
+    try:
+        await asyncio.gather(*(p.commands.run(f"echo {i} > /tmp/who")
+                               for i, p in enumerate(parents)))  # fmt: skip
+        got = await asyncio.gather(*(p.fork(count=4) for p in parents),
+                                   return_exceptions=True)  # fmt: skip
+        for g in got:
+            assert not isinstance(g, BaseException), g
+            children += [c for c in g if isinstance(c, AsyncSandbox)]
+            assert all(isinstance(c, AsyncSandbox) for c in g), g
+        assert len(children) == 64
+        rs = await asyncio.gather(*(c.commands.run("cat /tmp/who") for c in children[::8]))
+        assert [r.stdout for r in rs] == [f"{i}\n" for i in range(0, 16, 2)]
+    finally:
+        await asyncio.gather(*(s.kill() for s in [*parents, *children]),
+                             return_exceptions=True)  # fmt: skip
+
+
 @pytest.mark.long
 def test_16_clients_fork_4_children_at_once(node80: NodeProcess) -> None:
-    async def forks() -> None:
-        parents = [s for s, _ in await asyncio.gather(*(_create() for _ in range(16)))]
-        children: list[AsyncSandbox] = []
-        try:
-            await asyncio.gather(*(p.commands.run(f"echo {i} > /tmp/who")
-                                   for i, p in enumerate(parents)))  # fmt: skip
-            got = await asyncio.gather(*(p.fork(count=4) for p in parents),
-                                       return_exceptions=True)  # fmt: skip
-            for g in got:
-                assert not isinstance(g, BaseException), g
-                children += [c for c in g if isinstance(c, AsyncSandbox)]
-                assert all(isinstance(c, AsyncSandbox) for c in g), g
-            assert len(children) == 64
-            rs = await asyncio.gather(*(c.commands.run("cat /tmp/who") for c in children[::8]))
-            assert [r.stdout for r in rs] == [f"{i}\n" for i in range(0, 16, 2)]
-        finally:
-            await asyncio.gather(*(s.kill() for s in [*parents, *children]),
-                                 return_exceptions=True)  # fmt: skip
-
-    asyncio.run(forks())
+    asyncio.run(_fork_burst())
 
 
 @pytest.mark.long
@@ -103,3 +107,9 @@ def test_256_creates_killed_once_running_all_complete(node64: NodeProcess,
     limited = asyncio.run(burst())
     print(f"256 creates against 64 places: all ran in {time.monotonic() - t0:.0f} s; "
           f"{sum(limited)} refusals past the SDK's own retries")
+
+
+@pytest.mark.long  # last: its cluster's SDK environment stays until the module ends
+def test_16_clients_fork_at_once_through_a_gateway(cluster: Cluster) -> None:  # noqa: F811
+    """The same against three nodes behind haproxy and two gateways (test_gateway's)."""
+    asyncio.run(_fork_burst())
