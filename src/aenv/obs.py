@@ -26,6 +26,10 @@ STAGE_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 OPS_TOTAL = Counter("aenv_sandbox_ops_total", "Sandbox operations by outcome", ["op", "outcome"])
+RL_OPS = Counter("aenv_rl_ops_total",
+                 "RL plane operations (setup: a group's start state made; member: a group "
+                 "member forked; evaluate: a verifier run in a fork) by outcome",
+                 ["op", "outcome"])  # fmt: skip
 SANDBOXES = Gauge("aenv_sandboxes", "Sandbox records by state", ["state"])
 BOOTS_IN_FLIGHT = Gauge("aenv_boots_in_flight", "Creates currently booting a VM")
 ADMISSION_WAIT = Histogram("aenv_admission_wait_seconds",

@@ -24,6 +24,7 @@ from aenv.api import (
     links,
     logs,
     metrics,
+    rl,
     sandboxes,
     secrets,
     snapshots,
@@ -46,6 +47,7 @@ from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
 from aenv.orchestrator.pending import PendingTemplates
 from aenv.orchestrator.service import Orchestrator
+from aenv.rl.server.service import RL
 
 if TYPE_CHECKING:
     from aenv.cluster.node import NodeMembership
@@ -74,6 +76,7 @@ def build_api(node: Node) -> FastAPI:
     api.state.cluster_token = node.config.cluster.token
     api.state.proxy = node.proxy
     api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
+    api.state.rl = node.rl
     errors.install(api)
     api.include_router(system.router)
     api.include_router(internal.router)
@@ -87,6 +90,7 @@ def build_api(node: Node) -> FastAPI:
     api.include_router(volumes.router)
     api.include_router(volumes.content)
     api.include_router(teams.router)
+    api.include_router(rl.router)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
     return api
 
@@ -122,6 +126,7 @@ class Node:
         self.images = (OnDemandImages(config, self.runtime, self.orchestrator.pending)
                        if self.builds is not None else None)  # fmt: skip
         self.orchestrator.images = self.images
+        self.rl = RL(self.orchestrator)  # groups, leases, evaluations (rl/server/)
         # The node's own `base`, made while it serves if it has none (images/bases.py).
         self.base = (bases.InBackground(self.runtime, self.orchestrator.pending)
                      if self.builds is not None else None)  # fmt: skip
@@ -152,6 +157,7 @@ class Node:
             {"status": "ok", "version": aenv.__version__,
              "accelerator": accel() if callable(accel) else None},
             separators=(",", ":")).encode()
+        await self.rl.start()
         self._started = True
         if self.base is not None:
             self.base.start()
@@ -169,6 +175,7 @@ class Node:
                 await self.images.close()
             if self.builds is not None:
                 await self.builds.close()  # their VMs go before the runtime does
+            await self.rl.close()  # groups end: their start states are deleted
             await self.orchestrator.close()
         finally:
             try:

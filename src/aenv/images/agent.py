@@ -48,9 +48,11 @@ class BuildAgent:
     async def run(self, cmd: str, *, user: str, cwd: str | None = None,
                   env: dict[str, str] | None = None,
                   on_line: Callable[[str], None] | None = None,
+                  on_output: Callable[[str, bytes], None] | None = None,
                   background: bool = False, tag: str | None = None) -> int:
         """`/bin/bash -l -c cmd` as `user`: its exit code (stdout and stderr go to `on_line`
-        a line at a time). `background`: return once it started (-1), leaving it running."""
+        a line at a time, and to `on_output` as they come, with their stream's name).
+        `background`: return once it started (-1), leaving it running."""
         process: dict[str, Any] = {"cmd": "/bin/bash", "args": ["-l", "-c", cmd],
                                    "envs": env or {}}  # fmt: skip
         if cwd:
@@ -73,8 +75,10 @@ class BuildAgent:
                 data = event.get("data") or {}
                 for stream in ("stdout", "stderr"):
                     if data.get(stream):
-                        partial[stream] = self._lines(partial[stream] + base64.b64decode(
-                            data[stream]), on_line)  # fmt: skip
+                        chunk = base64.b64decode(data[stream])
+                        if on_output is not None:
+                            on_output(stream, chunk)
+                        partial[stream] = self._lines(partial[stream] + chunk, on_line)
                 if "end" in event:
                     for rest in partial.values():
                         if rest and on_line is not None:
@@ -129,6 +133,22 @@ class BuildAgent:
         r = await self.http.post("/init", json={"accessToken": None})
         if r.status_code >= 300:
             raise self._error(r.content)
+
+    async def read(self, path: str, *, user: str = "root", limit: int = 1 << 20) -> bytes | None:
+        """The file's first `limit` bytes; None if it does not exist."""
+        headers = {"Authorization": _basic(user)}
+        async with self.http.stream("GET", "/files", params={"path": path},
+                                    headers=headers, timeout=FILE_TIMEOUT_S) as r:
+            if r.status_code == 404:
+                return None
+            if r.status_code != 200:
+                raise self._error(await r.aread())
+            out = bytearray()
+            async for chunk in r.aiter_bytes():
+                out += chunk[: limit - len(out)]
+                if len(out) >= limit:
+                    break
+            return bytes(out)
 
     async def write(self, path: str, data: bytes | Path, *, user: str = "root") -> None:
         """`data`, or the file at that host path (streamed: layers may be large)."""

@@ -1,0 +1,130 @@
+"""The RL plane's routes (`/rl/...`, aenv's extension; docs/rl.md): groups joined by key,
+leases, group-wide operations and reward in a throwaway fork. Same API keys, teams and
+error bodies as the E2B routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from aenv.api.auth import require_api_key, team_of
+from aenv.api.models import Error
+from aenv.rl.server.leases import Lease
+from aenv.rl.server.models import Command, Evaluate, GroupJoin, LeaseNew, LeaseSandbox
+from aenv.rl.server.service import RL
+
+router = APIRouter(
+    prefix="/rl", tags=["rl"], dependencies=[Depends(require_api_key)],
+    responses={s: {"model": Error} for s in (400, 401, 404, 409, 429, 500, 503)},
+)  # fmt: skip
+
+
+def _rl(request: Request) -> RL:
+    return request.app.state.rl
+
+
+def _lease(rl: RL, lease: Lease) -> dict[str, Any]:
+    return lease.to_json(rl.leases.clock())
+
+
+@router.post("/groups", operation_id="rlJoinGroup", status_code=201)
+async def join_group(request: Request, body: GroupJoin) -> dict[str, Any]:
+    """The next member of the group of `key`, a fork of its start state. The first call
+    with a key makes the group (its `source`, `setup` once, a snapshot; `n` members forked
+    ahead) under a new lease (`lease_s`, default 300) or `leaseID`; concurrent first calls
+    wait on one start. Connect to the member with the E2B SDK (`Sandbox.connect(id)`)."""
+    rl = _rl(request)
+    g, m, made = await rl.groups.join(team_of(request), body)
+    return {"groupID": g.group_id, "key": g.key, "created": made,
+            "member": {"sandboxID": m.sandbox_id, "index": m.index},
+            "startSnapshotID": g.start_snapshot, "lease": _lease(rl, g.lease)}
+
+
+@router.get("/groups/{group_id}", operation_id="rlGetGroup")
+async def get_group(request: Request, group_id: str) -> dict[str, Any]:
+    """The group, its members and their states (`gone`: its sandbox no longer exists)."""
+    rl = _rl(request)
+    return rl.groups.view(rl.groups.get(group_id, team_of(request)))
+
+
+@router.post("/groups/{group_id}/exec", operation_id="rlExecGroup")
+async def exec_group(request: Request, group_id: str, body: Command) -> list[dict[str, Any]]:
+    """Run one command on every running member (8 at a time): per member `exitCode`,
+    `stdout`, `stderr`, or `error` (not running, timed out, its VMM died)."""
+    rl = _rl(request)
+    return await rl.groups.exec_all(rl.groups.get(group_id, team_of(request)), body)
+
+
+@router.post("/groups/{group_id}/pause", operation_id="rlPauseGroup")
+async def pause_group(request: Request, group_id: str) -> list[dict[str, Any]]:
+    rl = _rl(request)
+    return await rl.groups.each(rl.groups.get(group_id, team_of(request)), "pause")
+
+
+@router.post("/groups/{group_id}/resume", operation_id="rlResumeGroup")
+async def resume_group(request: Request, group_id: str) -> list[dict[str, Any]]:
+    rl = _rl(request)
+    return await rl.groups.each(rl.groups.get(group_id, team_of(request)), "resume")
+
+
+@router.post("/groups/{group_id}/replace_failed", operation_id="rlReplaceFailed")
+async def replace_failed(request: Request, group_id: str) -> dict[str, Any]:
+    """Members whose sandbox is gone (VMM died, killed) get a new fork in their place."""
+    rl = _rl(request)
+    g = rl.groups.get(group_id, team_of(request))
+    replaced = await rl.groups.replace_failed(g)
+    return {"replaced": replaced, "group": rl.groups.view(g)}
+
+
+@router.delete("/groups/{group_id}", operation_id="rlEndGroup", status_code=204)
+async def end_group(request: Request, group_id: str) -> Response:
+    """Kill every member and delete the start state made for the group."""
+    rl = _rl(request)
+    await rl.groups.end(rl.groups.get(group_id, team_of(request)))
+    return Response(status_code=204)
+
+
+@router.post("/leases", operation_id="rlNewLease", status_code=201)
+async def new_lease(request: Request, body: LeaseNew) -> dict[str, Any]:
+    """A lease of `lease_s` seconds: what it holds ends `lease_s` after its last renewal
+    (within 5 s more)."""
+    rl = _rl(request)
+    return _lease(rl, rl.leases.new(team_of(request), body.lease_s))
+
+
+@router.get("/leases/{lease_id}", operation_id="rlGetLease")
+async def get_lease(request: Request, lease_id: str) -> dict[str, Any]:
+    rl = _rl(request)
+    return _lease(rl, rl.leases.get(lease_id, team_of(request)))
+
+
+@router.post("/leases/{lease_id}", operation_id="rlRenewLease")
+async def renew_lease(request: Request, lease_id: str) -> dict[str, Any]:
+    """Renew: the lease ends `lease_s` from now; its sandboxes' timeouts move past that."""
+    rl = _rl(request)
+    return _lease(rl, rl.renew(lease_id, team_of(request)))
+
+
+@router.post("/leases/{lease_id}/sandboxes", operation_id="rlLeaseSandbox")
+async def lease_sandbox(request: Request, lease_id: str, body: LeaseSandbox) -> dict[str, Any]:
+    """The lease holds `sandboxID` too (one the caller made): it ends with the lease."""
+    rl = _rl(request)
+    return _lease(rl, rl.adopt(lease_id, team_of(request), body.sandbox_id))
+
+
+@router.delete("/leases/{lease_id}", operation_id="rlReleaseLease", status_code=204)
+async def release_lease(request: Request, lease_id: str) -> Response:
+    """End the lease now, and everything it holds."""
+    await _rl(request).release(lease_id, team_of(request))
+    return Response(status_code=204)
+
+
+@router.post("/evaluate", operation_id="rlEvaluate")
+async def evaluate(request: Request, body: Evaluate) -> dict[str, Any]:
+    """Run `cmd` (after writing `files`) in a throwaway fork of `sandboxID` (`base:
+    current`; the sandbox itself is stopped only for the fork's snapshot) or in a sandbox
+    from `snapshot` (`base: snapshot`). `reward` is the number the command wrote to
+    `reward_file`; `status` is `ok`, `error` (no number there, or the agent refused a file
+    or the command), `timeout`, or `infra_error` (the platform failed: no reward, never 0)."""
+    return await _rl(request).evaluator.evaluate(team_of(request), body)

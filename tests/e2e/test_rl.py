@@ -1,0 +1,245 @@
+"""The RL plane on a real node (issue 32): groups joined by key from one prepared start
+state, group-wide operations, reward in a throwaway fork, and leases that reclaim what a
+SIGKILLed trainer held. Real VMs of `base`, the `aenv.rl` client and the unmodified SDK.
+
+The light fixture: three 256 KiB files under ~/w, a background counter writing /tmp/c, a
+variable exported in a file. The 4 x 8 group bench and the heavy fixture: bench/rl.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from aenv.orchestrator import census as census_mod
+from aenv.rl import RL, Background, Setup
+from tests.support import census
+
+from .conftest import API_KEY, NodeProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+LIGHT = Setup(commands=[
+    "mkdir -p ~/w && for i in 1 2 3; do head -c 262144 /dev/urandom > ~/w/f$i; done",
+    "echo 'export RLVAR=from-setup' > ~/w/env.sh",
+    # Written whole (renamed): a reader never sees the file truncated.
+    Background("i=0; while :; do i=$((i+1)); echo $i > /tmp/c.n; mv /tmp/c.n /tmp/c; "
+               "sleep 0.2; done"),
+])
+STATE = ("cd ~/w && cat f1 f2 f3 env.sh | sha256sum | cut -c1-16; "
+         "cat /proc/sys/kernel/random/uuid; date +%s.%N; cat /tmp/c; sleep 1; cat /tmp/c; "
+         ". ~/w/env.sh && echo $RLVAR")  # fmt: skip
+
+
+@pytest.fixture
+def rl(node: NodeProcess) -> Iterator[RL]:
+    with RL(node.origin, API_KEY) as client:
+        yield client
+
+
+def _rl_ops(node: NodeProcess) -> dict[tuple[str, str], float]:
+    text = httpx.get(node.origin + "/metrics", headers={"X-API-Key": API_KEY}).text
+    return {(m[1], m[2]): float(m[3]) for m in re.finditer(
+        r'^aenv_rl_ops_total\{op="(\w+)",outcome="(\w+)"\} ([0-9.e+]+)$', text, re.M)}
+
+
+def _delta(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float],
+           key: tuple[str, str]) -> float:  # fmt: skip
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def _snapshot_names(node: NodeProcess) -> list[str]:
+    with node.api() as c:
+        return [n for s in c.get("/snapshots").json() for n in s["names"]]
+
+
+def _sandboxes(node: NodeProcess) -> set[str]:
+    with node.api() as c:
+        return {s["sandboxID"] for s in c.get("/v2/sandboxes").json()}
+
+
+def test_a_group_forks_one_start_state_for_every_member(node: NodeProcess, rl: RL) -> None:
+    before = _rl_ops(node)
+    with rl.lease(120) as lease:
+        with ThreadPoolExecutor(4) as pool:  # 4 samples of one prompt call at once
+            got = list(pool.map(lambda _: lease.join("prompt-a", template="base",
+                                                     setup=LIGHT, n=2), range(4)))
+        assert len({m.group_id for m in got}) == 1
+        assert sum(m.created_group for m in got) == 1
+        assert sorted(m.index for m in got) == [0, 1, 2, 3]
+        ids = {m.sandbox_id for m in got}
+        assert len(ids) == 4
+        after = _rl_ops(node)
+        assert _delta(after, before, ("setup", "ok")) == 1
+        assert _delta(after, before, ("member", "ok")) == 4
+        group = got[0].group
+        host_t = time.time()
+        res = group.exec(STATE)
+        assert {r["sandboxID"] for r in res} == ids and all(r["exitCode"] == 0 for r in res), res
+        rows = [r["stdout"].split() for r in res]
+        assert len({row[0] for row in rows}) == 1  # the same tree in every member
+        assert len({row[1] for row in rows}) == 4  # each its own kernel entropy
+        for row in rows:
+            assert abs(float(row[2]) - host_t) < 5, row  # clock close to the host's
+            assert int(row[4]) > int(row[3])  # the setup's counter runs in each member
+            assert row[5] == "from-setup"
+        # No member's write reaches a sibling (nor the start state: a new member).
+        first = got[0].sandbox()
+        first.commands.run("echo changed > ~/w/f1")
+        again = {r["sandboxID"]: r["stdout"].split()[0] for r in group.exec(STATE)}
+        assert again[first.sandbox_id] != rows[0][0]
+        assert len({v for k, v in again.items() if k != first.sandbox_id}) == 1
+        late = lease.join("prompt-a")  # a fifth sample: forked on demand
+        assert late.index == 4 and late.sandbox_id not in ids
+        fresh = late.sandbox().commands.run("cd ~/w && cat f1 f2 f3 env.sh | sha256sum")
+        assert fresh.stdout[:16] == rows[0][0]
+        # Group-wide pause and resume.
+        assert all(r["ok"] for r in group.pause()), "pause"
+        assert {m["state"] for m in group.info()["members"]} == {"paused"}
+        assert all(r["ok"] for r in group.resume()), "resume"
+        assert all(r.get("exitCode") == 0 for r in group.exec("cat /tmp/c"))
+        info = group.info()
+        assert info["joins"] == 5 and len(info["members"]) == 5
+        start = info["startSnapshotID"]
+    # The lease's end took the group: members, start state.
+    assert not ids & _sandboxes(node)
+    assert not any(n.startswith("rl-") for n in _snapshot_names(node))
+    with node.api() as c:
+        assert c.get(f"/templates/{start}").status_code == 404 or start not in c.get(
+            "/snapshots").text  # fmt: skip
+
+
+def test_a_member_whose_vmm_died_is_replaced(node: NodeProcess, rl: RL) -> None:
+    with rl.lease(120) as lease:
+        m = lease.join("prompt-b", template="base", n=2)
+        group = m.group
+        members = [x["sandboxID"] for x in group.info()["members"]]
+        victim = members[1]
+        inst = node.env["AENV_INSTANCE"]
+        (pid,) = census_mod.census(census.cfg_for(inst), inst).vmm_pids(inst, victim)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while victim in _sandboxes(node):
+            assert time.monotonic() < deadline, "the dead member was not removed"
+            time.sleep(0.1)
+        assert [x["state"] for x in group.info()["members"]] == ["running", "gone"]
+        res = group.exec("true")
+        assert res[1].get("error") and res[0]["exitCode"] == 0
+        out = group.replace_failed()
+        (rep,) = out["replaced"]
+        assert rep["old"] == victim and rep["index"] == 1
+        after = out["group"]["members"]
+        assert after[1]["sandboxID"] == rep["new"] and after[1]["replacedFrom"] == victim
+        assert all(r["exitCode"] == 0 for r in group.exec("true"))
+        group.end()
+        assert not set(members) & _sandboxes(node) and rep["new"] not in _sandboxes(node)
+
+
+def test_evaluate_runs_in_a_throwaway_fork(node: NodeProcess, rl: RL) -> None:
+    sbx = Sandbox.create("base", timeout=300)
+    try:
+        for cmd in LIGHT.commands:
+            if isinstance(cmd, Background):
+                sbx.commands.run(cmd.cmd, background=True)
+            else:
+                sbx.commands.run(cmd)
+        tree = "cd ~/w && cat f1 f2 f3 env.sh | sha256sum"
+        before = sbx.commands.run(tree).stdout
+        ok = rl.evaluate(sbx.sandbox_id, "mkdir -p /logs/verifier && echo 0.75 > "
+                         "/logs/verifier/reward.txt && echo graded")  # fmt: skip
+        assert (ok.status, ok.reward, ok.exit_code, ok.stdout) == ("ok", 0.75, 0, "graded\n")
+        # A verifier that destroys its sandbox: the sandbox it graded is untouched.
+        bad = rl.evaluate(sbx.sandbox_id, "rm -rf ~/w /home/user/w; kill -9 -1",
+                          user="user")  # fmt: skip
+        assert bad.status == "error" and bad.reward is None, bad
+        c0 = int(sbx.commands.run("cat /tmp/c").stdout)
+        time.sleep(1)
+        assert sbx.commands.run(tree).stdout == before
+        assert int(sbx.commands.run("cat /tmp/c").stdout) > c0
+        # No number, no reward.
+        none = rl.evaluate(sbx.sandbox_id, "echo nothing", files=[])
+        assert none.status == "error" and none.reward is None and "reward.txt" in none.error
+        # The evaluating VMM killed mid-run: infra_error, no reward.
+        known = _sandboxes(node)
+        inst = node.env["AENV_INSTANCE"]
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(rl.evaluate, sbx.sandbox_id,
+                              "sleep 60; echo 1 > /logs/verifier/reward.txt")
+            deadline = time.monotonic() + 60
+            while not (new := _sandboxes(node) - known):
+                assert time.monotonic() < deadline, "no evaluation sandbox appeared"
+                time.sleep(0.1)
+            time.sleep(1)
+            (pid,) = census_mod.census(census.cfg_for(inst), inst).vmm_pids(inst, new.pop())
+            os.kill(pid, signal.SIGKILL)
+            dead = fut.result(timeout=60)
+        assert dead.status == "infra_error" and dead.reward is None, dead
+        assert _sandboxes(node) == known  # every evaluation sandbox is gone
+    finally:
+        sbx.kill()
+
+
+TRAINER = """
+import sys, time
+from aenv.rl import RL
+rl = RL(sys.argv[1], sys.argv[2])
+lease = rl.lease(4)
+m = lease.join("prompt-lease", template="base", n=3)
+print(m.group_id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_trainers_lease_lapses_and_its_group_goes(node: NodeProcess) -> None:
+    before = _sandboxes(node)
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAINER), node.origin,
+                             API_KEY], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        group_id = proc.stdout.readline().strip()
+        assert group_id.startswith("grp-"), group_id
+        time.sleep(6)  # renewed meanwhile (every lease_s / 3): still there
+        assert len(_sandboxes(node) - before) == 3
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    t0 = time.monotonic()
+    while _sandboxes(node) - before or any(n.startswith("rl-") for n in _snapshot_names(node)):
+        assert time.monotonic() - t0 < 4 + 5, "the lapsed lease's group outlived lease_s + 5 s"
+        time.sleep(0.1)
+    with node.api() as c:
+        r = c.get(f"/rl/groups/{group_id}")
+        assert r.status_code == 404 and r.json()["code"] == 404
+
+
+def test_bad_rl_requests_get_clear_errors(node: NodeProcess) -> None:
+    with node.api() as c:
+        for body, words in [
+            ({"key": "k"}, "needs a source"),
+            ({"key": "k", "source": {}}, "exactly one"),
+            ({"key": "k", "source": {"template": "base", "image": "x"}}, "exactly one"),
+            ({"key": "k", "source": {"template": "base"}, "lease_s": 0.1}, "lease_s"),
+            ({"key": "k", "source": {"template": "no-such-template"}}, "not found"),
+        ]:
+            r = c.post("/rl/groups", json=body)
+            assert r.status_code in (400, 404), (body, r.text)
+            assert words in r.json()["message"].lower() or words in r.json()["message"], r.text
+        r = c.post("/rl/evaluate", json={"cmd": "true"})
+        assert r.status_code == 400 and "sandboxID" in r.json()["message"]
+        assert c.post("/rl/leases/lease-nope").status_code == 404
+        assert c.get("/rl/groups/grp-nope").status_code == 404
+        r = c.post("/rl/groups", json={"key": "k", "source": {"template": "base"},
+                                       "setup": {"commands": ["exit 3"]}})  # fmt: skip
+        assert r.status_code == 400 and "exited 3" in r.json()["message"], r.text
+    assert not any(n.startswith("rl-") for n in _snapshot_names(node))
+    assert _sandboxes(node) == set()
