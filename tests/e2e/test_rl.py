@@ -7,6 +7,7 @@ variable exported in a file. The 4 x 8 group bench and the heavy fixture: bench/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -25,7 +26,7 @@ from aenv.orchestrator import census as census_mod
 from aenv.rl import RL, Background, Setup
 from tests.support import census
 
-from .conftest import API_KEY, NodeProcess
+from .conftest import API_KEY, DATA_DIR, NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -60,7 +61,11 @@ def _delta(after: dict[tuple[str, str], float], before: dict[tuple[str, str], fl
 
 def _snapshot_names(node: NodeProcess) -> list[str]:
     with node.api() as c:
-        return [n for s in c.get("/snapshots").json() for n in s["names"]]
+        return [n for s in c.get("/snapshots").json() for n in [s["snapshotID"], *s["names"]]]
+
+
+def _snapshot_dirs() -> set[str]:
+    return {p.name for p in (DATA_DIR / "snapshots").iterdir()}
 
 
 def _sandboxes(node: NodeProcess) -> set[str]:
@@ -111,12 +116,11 @@ def test_a_group_forks_one_start_state_for_every_member(node: NodeProcess, rl: R
         info = group.info()
         assert info["joins"] == 5 and len(info["members"]) == 5
         start = info["startSnapshotID"]
+        assert (DATA_DIR / "snapshots" / start).is_dir()
+        assert start not in str(_snapshot_names(node))  # the RL plane's: not listed
     # The lease's end took the group: members, start state.
     assert not ids & _sandboxes(node)
-    assert not any(n.startswith("rl-") for n in _snapshot_names(node))
-    with node.api() as c:
-        assert c.get(f"/templates/{start}").status_code == 404 or start not in c.get(
-            "/snapshots").text  # fmt: skip
+    assert not (DATA_DIR / "snapshots" / start).exists()
 
 
 def test_a_member_whose_vmm_died_is_replaced(node: NodeProcess, rl: RL) -> None:
@@ -208,13 +212,15 @@ def test_a_sigkilled_trainers_lease_lapses_and_its_group_goes(node: NodeProcess)
         assert proc.stdout is not None
         group_id = proc.stdout.readline().strip()
         assert group_id.startswith("grp-"), group_id
+        with node.api() as c:
+            start = c.get(f"/rl/groups/{group_id}").json()["startSnapshotID"]
         time.sleep(6)  # renewed meanwhile (every lease_s / 3): still there
         assert len(_sandboxes(node) - before) == 3
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     t0 = time.monotonic()
-    while _sandboxes(node) - before or any(n.startswith("rl-") for n in _snapshot_names(node)):
+    while _sandboxes(node) - before or (DATA_DIR / "snapshots" / start).exists():
         assert time.monotonic() - t0 < 4 + 5, "the lapsed lease's group outlived lease_s + 5 s"
         time.sleep(0.1)
     with node.api() as c:
@@ -223,6 +229,7 @@ def test_a_sigkilled_trainers_lease_lapses_and_its_group_goes(node: NodeProcess)
 
 
 def test_bad_rl_requests_get_clear_errors(node: NodeProcess) -> None:
+    dirs = _snapshot_dirs()
     with node.api() as c:
         for body, words in [
             ({"key": "k"}, "needs a source"),
@@ -241,5 +248,62 @@ def test_bad_rl_requests_get_clear_errors(node: NodeProcess) -> None:
         r = c.post("/rl/groups", json={"key": "k", "source": {"template": "base"},
                                        "setup": {"commands": ["exit 3"]}})  # fmt: skip
         assert r.status_code == 400 and "exited 3" in r.json()["message"], r.text
-    assert not any(n.startswith("rl-") for n in _snapshot_names(node))
+    assert _snapshot_dirs() == dirs
     assert _sandboxes(node) == set()
+
+
+def test_checkpoints_roll_back_in_place_and_branch_into_a_tree(node: NodeProcess,
+                                                                rl: RL) -> None:
+    sbx = Sandbox.create("base", timeout=300)
+    lease = rl.lease(120)
+    try:
+        steps, states = [], []
+        for i in range(1, 7):  # each step writes 256 KiB and bumps a counter
+            sbx.commands.run(f"mkdir -p ~/w && head -c 262144 /dev/urandom > ~/w/s{i} && "
+                             f"echo {i} > ~/n")  # fmt: skip
+            steps.append(rl.checkpoint(sbx.sandbox_id, lease=lease))
+            states.append(sbx.commands.run("cat ~/n; ls ~/w; cat ~/w/* | sha256sum").stdout)
+        with node.api() as c:  # the RL plane's names are its own
+            r = c.post(f"/sandboxes/{sbx.sandbox_id}/snapshots", json={"name": "rl-mine"})
+            assert r.status_code == 400 and "reserved" in r.json()["message"]
+        stream = sbx.commands.run("sleep 600", background=True)
+        for back in (2, 5):  # checkpoints survive a rollback
+            r = rl.rollback(sbx.sandbox_id, steps[back - 1])
+            assert r["sandboxID"] == sbx.sandbox_id
+            # The same object, hence the same id and token, sees exactly that state.
+            assert sbx.commands.run("cat ~/n; ls ~/w; cat ~/w/* | sha256sum").stdout == \
+                states[back - 1]
+        with pytest.raises(Exception):  # noqa: B017 (the stream ended as on a pause)
+            stream.wait()
+        assert sbx.get_info().sandbox_id == sbx.sandbox_id
+        # A branch: a checkpoint after the rollback descends from step 5, not step 6.
+        sbx.commands.run("echo branch > ~/w/b")
+        branch = rl.checkpoint(sbx.sandbox_id, lease=lease)
+        (kid,) = rl.fork_checkpoint(steps[2], 1, lease=lease)  # in step 3's state
+        assert Sandbox.connect(kid).commands.run("cat ~/n").stdout == "3\n"
+        tree = rl.lineage(steps[0])
+        cps = {n["id"]: n for n in tree["nodes"] if n["kind"] == "checkpoint"}
+        assert tree["root"] == steps[0] and set(cps) == {*steps, branch}
+        assert [cps[s]["parent"] for s in steps] == [None, *steps[:-1]]
+        assert cps[branch]["parent"] == steps[4]
+        live = {n["id"]: n["parent"] for n in tree["nodes"] if n["kind"] == "sandbox"}
+        assert live == {sbx.sandbox_id: branch, kid: steps[2]}
+        # Pruning step 4's subtree: steps 4-6, the branch, and the sandbox heading it go.
+        snap_dirs = [DATA_DIR / "snapshots" / cps[s]["snapshotID"]
+                     for s in (*steps[3:], branch)]  # fmt: skip
+        assert all(d.exists() for d in snap_dirs)
+        gone = rl.delete_checkpoint(steps[3])
+        assert set(gone["checkpoints"]) == {*steps[3:], branch}
+        assert gone["sandboxes"] == [sbx.sandbox_id]
+        assert not any(d.exists() for d in snap_dirs)
+        assert sbx.sandbox_id not in _sandboxes(node)
+        left = {n["id"] for n in rl.lineage(steps[0])["nodes"]}
+        assert left == {*steps[:3], kid}
+    finally:
+        lease.close()  # the fork from step 3 goes with it; then nothing holds the steps
+        with contextlib.suppress(Exception):
+            sbx.kill()
+    deadline = time.monotonic() + 10
+    while (DATA_DIR / "snapshots" / cps[steps[0]]["snapshotID"]).exists():
+        assert time.monotonic() < deadline, "unreferenced checkpoints were not collected"
+        time.sleep(0.2)

@@ -4,14 +4,25 @@ error bodies as the E2B routes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi.responses import JSONResponse
 
 from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import Error
+from aenv.api.sandboxes import fork_results
 from aenv.rl.server.leases import Lease
-from aenv.rl.server.models import Command, Evaluate, GroupJoin, LeaseNew, LeaseSandbox
+from aenv.rl.server.models import (
+    CheckpointFork,
+    CheckpointNew,
+    Command,
+    Evaluate,
+    GroupJoin,
+    LeaseNew,
+    LeaseSandbox,
+    RollbackTo,
+)
 from aenv.rl.server.service import RL
 
 router = APIRouter(
@@ -128,3 +139,55 @@ async def evaluate(request: Request, body: Evaluate) -> dict[str, Any]:
     `reward_file`; `status` is `ok`, `error` (no number there, or the agent refused a file
     or the command), `timeout`, or `infra_error` (the platform failed: no reward, never 0)."""
     return await _rl(request).evaluator.evaluate(team_of(request), body)
+
+
+@router.post("/sandboxes/{sandbox_id}/checkpoints", operation_id="rlCheckpoint",
+             status_code=201)  # fmt: skip
+async def checkpoint(request: Request, sandbox_id: str,
+                     body: Annotated[CheckpointNew | None, Body()] = None) -> dict[str, Any]:
+    """A checkpoint of a running sandbox (it stops only while its state is saved): a step
+    id to roll back to or fork from. Its parent is the sandbox's last checkpoint (or the one
+    it was rolled back to or forked from)."""
+    rl = _rl(request)
+    c = await rl.checkpoints.take(team_of(request), sandbox_id, body.lease_id if body else None)
+    return c.to_json()
+
+
+@router.get("/sandboxes/{sandbox_id}/checkpoints", operation_id="rlListCheckpoints")
+async def list_checkpoints(request: Request, sandbox_id: str) -> list[dict[str, Any]]:
+    _rl(request).orch.get(sandbox_id)  # 404 for none (and for another team's)
+    return [c.to_json() for c in _rl(request).checkpoints.of_sandbox(sandbox_id)]
+
+
+@router.post("/sandboxes/{sandbox_id}/rollback", operation_id="rlRollback")
+async def rollback(request: Request, sandbox_id: str, body: RollbackTo) -> dict[str, Any]:
+    """Put the sandbox back into a checkpoint's state: same id, same token, same timeout
+    and network policy. Open streams and terminals end as on a pause; volumes keep their
+    data. Its checkpoints stay."""
+    return await _rl(request).checkpoints.rollback(team_of(request), sandbox_id, body.step_id)
+
+
+@router.post("/checkpoints/{step_id}/fork", operation_id="rlForkCheckpoint", status_code=201)
+async def fork_checkpoint(request: Request, step_id: str,
+                          body: Annotated[CheckpointFork | None, Body()] = None,
+                          ) -> JSONResponse:  # fmt: skip
+    """`count` new sandboxes in the checkpoint's state (at most 20), its children in the
+    tree; a lease (`leaseID`) holds them. The answer is a fork's."""
+    b = body or CheckpointFork()
+    kids = await _rl(request).checkpoints.fork(team_of(request), step_id, b.count,
+                                               b.lease_id, b.timeout)  # fmt: skip
+    return fork_results(request, kids)
+
+
+@router.delete("/checkpoints/{step_id}", operation_id="rlDeleteCheckpoint")
+async def delete_checkpoint(request: Request, step_id: str) -> dict[str, Any]:
+    """The checkpoint and its subtree: every checkpoint below it, and the live sandboxes
+    descending from them (killed)."""
+    return await _rl(request).checkpoints.delete(team_of(request), step_id)
+
+
+@router.get("/lineage/{some_id}", operation_id="rlLineage")
+async def lineage(request: Request, some_id: str) -> dict[str, Any]:
+    """The tree holding a checkpoint (step id) or a sandbox: its checkpoints (with parent
+    links) and the live sandboxes whose head is one of them."""
+    return _rl(request).checkpoints.lineage(team_of(request), some_id)

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from aenv.api import query
+from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import (
     Error,
@@ -43,6 +44,9 @@ async def create_snapshot(
     snapshot and resolves to the newest snapshot carrying it. `memory: false` keeps the disk
     alone (filesystem-only): a sandbox created from it cold-boots that disk."""
     memory = body is None or body.memory is not False
+    if body and body.name and body.name.startswith(snaps.INTERNAL_PREFIX):
+        raise ApiError(400, f"snapshot names starting with {snaps.INTERNAL_PREFIX!r} are "
+                       "reserved (the RL plane's)")  # fmt: skip
     info = await _orch(request).snapshot(sandbox_id, body.name if body else None, memory=memory)
     return SnapshotInfo(snapshotID=info.snapshot_id, names=list(info.names))
 

@@ -192,7 +192,8 @@ class Forking:
         limit: int = snaps.MAX_PAGE, cursor: tuple[int, str] | None = None,
         team_id: str | None = None,
     ) -> tuple[list[SnapshotInfo], tuple[int, str] | None]:
-        return snaps.page(self._snapshots(team_id), sandbox_id=sandbox_id, name=name,
+        listed = [s for s in self._snapshots(team_id) if not snaps.internal(s)]
+        return snaps.page(listed, sandbox_id=sandbox_id, name=name,
                           limit=limit, cursor=cursor)  # fmt: skip
 
     def delete_snapshot(self, snapshot_id: str, team_id: str | None = None) -> None:

@@ -22,7 +22,14 @@ from aenv.machines.api import Runtime, SandboxHandle, TemplateInfo, VmmExit
 from aenv.machines.hot import memory_budget_mib
 from aenv.network.egress import EgressPolicy
 from aenv.obs import OPS_TOTAL, log_event, stage
-from aenv.orchestrator import background, memory_pressure, mounts, recovery, space
+from aenv.orchestrator import (
+    background,
+    memory_pressure,
+    mounts,
+    recovery,
+    space,
+)
+from aenv.orchestrator import rollback as rollbacks
 from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.admission import Admission
 from aenv.orchestrator.boots import BootSlots
@@ -496,6 +503,10 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
                                           end_at_us=now + AUTO_PAUSE_RETRY_S * 1_000_000)
                 log_event(log, "sandbox.auto_pause_failed", logging.ERROR, sandbox_id=sandbox_id,
                           error=repr(e), retry_in_s=AUTO_PAUSE_RETRY_S if retry else None)
+
+    async def rollback(self, sandbox_id: str, snapshot_id: str) -> SandboxRecord:
+        """Put a running sandbox back into a snapshot's state, same id and token."""
+        return await rollbacks.rollback(self, sandbox_id, snapshot_id)
 
     # -- pause / resume --------------------------------------------------------------------
 

@@ -59,6 +59,16 @@ class Shared(Protocol):
         stops being resumable elsewhere first (Unavailable if that cannot be said)."""
 
 
+# Names of snapshots a plane above makes for itself (the RL plane's group start states and
+# checkpoints, rl/server/): listed under that plane's routes, not in `GET /snapshots`, and
+# not a name a snapshot request may give.
+INTERNAL_PREFIX = "rl-"
+
+
+def internal(s: SnapshotInfo) -> bool:
+    return any(n.startswith(INTERNAL_PREFIX) for n in s.names)
+
+
 def new_snapshot_id() -> str:
     return "snap-" + secrets.token_hex(8)
 

@@ -19,6 +19,7 @@ class SandboxState(enum.StrEnum):
     RESUMING = "resuming"
     SNAPSHOTTING = "snapshotting"
     FORKING = "forking"
+    ROLLING_BACK = "rolling_back"  # its VM replaced by one restored from a checkpoint (rl/)
     KILLING = "killing"
 
 
@@ -27,7 +28,7 @@ GONE = "gone"  # the record is deleted
 
 TRANSITIONS: dict[SandboxState, frozenset[SandboxState | str]] = {
     S.CREATING: frozenset({S.RUNNING, GONE}),
-    S.RUNNING: frozenset({S.PAUSING, S.SNAPSHOTTING, S.FORKING, S.KILLING}),
+    S.RUNNING: frozenset({S.PAUSING, S.SNAPSHOTTING, S.FORKING, S.ROLLING_BACK, S.KILLING}),
     # A failed pause is recoverable (back to Running) unless the VMM died.
     S.PAUSING: frozenset({S.PAUSED, S.RUNNING, S.KILLING}),
     S.PAUSED: frozenset({S.RESUMING, S.KILLING}),
@@ -35,14 +36,18 @@ TRANSITIONS: dict[SandboxState, frozenset[SandboxState | str]] = {
     S.RESUMING: frozenset({S.RUNNING, S.PAUSED, S.KILLING}),
     S.SNAPSHOTTING: frozenset({S.RUNNING, S.KILLING}),
     S.FORKING: frozenset({S.RUNNING, S.KILLING}),
+    # A failed rollback loses the sandbox (its old VM is gone): removed.
+    S.ROLLING_BACK: frozenset({S.RUNNING, S.KILLING}),
     S.KILLING: frozenset({GONE}),
 }
 
-TRANSITIONAL = frozenset({S.CREATING, S.PAUSING, S.RESUMING, S.SNAPSHOTTING, S.FORKING, S.KILLING})
+TRANSITIONAL = frozenset({S.CREATING, S.PAUSING, S.RESUMING, S.SNAPSHOTTING, S.FORKING,
+                          S.ROLLING_BACK, S.KILLING})  # fmt: skip
 
 # States that hold a live VMM (count against max_sandboxes, get TTL kills and metrics). A
 # hot-paused sandbox's stopped VMM counts against the hot tier's own budget instead.
-HAS_VM = frozenset({S.CREATING, S.RUNNING, S.PAUSING, S.SNAPSHOTTING, S.FORKING, S.KILLING})
+HAS_VM = frozenset({S.CREATING, S.RUNNING, S.PAUSING, S.SNAPSHOTTING, S.FORKING,
+                    S.ROLLING_BACK, S.KILLING})  # fmt: skip
 # States that count against max_sandboxes and the space reserve: a VMM, or one being restored.
 HOLDS_CAPACITY = HAS_VM | {S.RESUMING}
 
@@ -52,6 +57,7 @@ PUBLIC_STATE: dict[SandboxState, str] = {
     S.PAUSING: "running",
     S.SNAPSHOTTING: "running",
     S.FORKING: "running",
+    S.ROLLING_BACK: "running",
     S.PAUSED: "paused",
     S.RESUMING: "paused",
 }
@@ -83,6 +89,8 @@ RECOVERY: dict[SandboxState, str] = {
     S.PAUSING: "paused",  # Paused if the pause finished on disk, else the VM continues
     S.SNAPSHOTTING: "adopt",  # a half-written snapshot is never visible (staging + rename)
     S.FORKING: "adopt",  # children are Creating (removed); the runtime drops the fork snapshot
+    # Its old VM or, once it took its /init, the one restored from the checkpoint.
+    S.ROLLING_BACK: "adopt",
     S.KILLING: "remove",  # finish the kill
     S.PAUSED: "paused",  # kept while its files are on disk; a hot VMM beside them is killed
     # Paused while its state is intact; once the resume deleted it, the VM is adopted only

@@ -171,6 +171,40 @@ class RL:
         return Evaluation.from_json(self.call("POST", "/rl/evaluate", body))
 
 
+    # -- checkpoints and trees ------------------------------------------------------------
+
+    def checkpoint(self, sandbox_id: str, *, lease: Lease | None = None) -> str:
+        """A checkpoint of a running sandbox: its step id. A `lease` keeps it after the
+        sandbox is gone (to fork from it)."""
+        body = {"leaseID": lease.lease_id} if lease is not None else {}
+        return self.call("POST", f"/rl/sandboxes/{sandbox_id}/checkpoints", body)["stepID"]
+
+    def rollback(self, sandbox_id: str, step_id: str) -> dict[str, Any]:
+        """The same sandbox (id, token) back in that checkpoint's state."""
+        return self.call("POST", f"/rl/sandboxes/{sandbox_id}/rollback", {"stepID": step_id})
+
+    def fork_checkpoint(self, step_id: str, count: int = 1, *,
+                        lease: Lease | None = None) -> list[str]:  # fmt: skip
+        """`count` new sandboxes in the checkpoint's state: their ids (RLError if any
+        failed; those that started are then in the lease, or running)."""
+        body: dict[str, Any] = {"count": count}
+        if lease is not None:
+            body["leaseID"] = lease.lease_id
+        out = self.call("POST", f"/rl/checkpoints/{step_id}/fork", body)
+        errors = [r["error"] for r in out if "error" in r]
+        if errors:
+            raise RLError(errors[0]["code"], errors[0]["message"])
+        return [r["sandbox"]["sandboxID"] for r in out]
+
+    def lineage(self, some_id: str) -> dict[str, Any]:
+        """The tree holding a checkpoint or a sandbox: `{root, nodes}`."""
+        return self.call("GET", f"/rl/lineage/{some_id}")
+
+    def delete_checkpoint(self, step_id: str) -> dict[str, Any]:
+        """The checkpoint and its subtree (checkpoints, and live sandboxes under them)."""
+        return self.call("DELETE", f"/rl/checkpoints/{step_id}")
+
+
 class Lease:
     def __init__(self, rl: RL, d: dict[str, Any], *, renew: bool) -> None:
         self.rl = rl

@@ -86,3 +86,37 @@ async def test_a_group_from_another_teams_sandbox_is_refused(client: httpx.Async
     assert r.status_code == 404 and "doesn't exist" in r.json()["message"]
     r = await client.post("/rl/evaluate", json={"sandboxID": src, "cmd": "true"})
     assert r.status_code == 404
+
+
+async def test_checkpoints_make_a_tree_and_unreferenced_ones_are_collected(
+        client: httpx.AsyncClient, node: Node) -> None:  # fmt: skip
+    src = await _make_source(client)
+    take = lambda sid: client.post(f"/rl/sandboxes/{sid}/checkpoints")  # noqa: E731
+    a = (await take(src)).json()
+    b = (await take(src)).json()
+    assert (a["parent"], b["parent"]) == (None, a["stepID"])
+    r = await client.post(f"/rl/sandboxes/{src}/rollback", json={"stepID": a["stepID"]})
+    assert r.status_code == 200, r.text
+    assert (await client.get(f"/sandboxes/{src}")).json()["state"] == "running"
+    c = (await take(src)).json()
+    assert c["parent"] == a["stepID"]  # a branch beside b
+    kids = (await client.post(f"/rl/checkpoints/{b['stepID']}/fork", json={"count": 2})).json()
+    kid_ids = {k["sandbox"]["sandboxID"] for k in kids}
+    tree = (await client.get(f"/rl/lineage/{src}")).json()
+    assert tree["root"] == a["stepID"]
+    nodes = {n["id"]: n["parent"] for n in tree["nodes"]}
+    assert nodes == {a["stepID"]: None, b["stepID"]: a["stepID"], c["stepID"]: a["stepID"],
+                     src: c["stepID"], **{k: b["stepID"] for k in kid_ids}}
+    listed = (await client.get("/snapshots")).json()
+    assert not {x["snapshotID"] for x in listed} & {a["snapshotID"], b["snapshotID"]}
+    # Pruning b: b and the two sandboxes forked from it.
+    gone = (await client.delete(f"/rl/checkpoints/{b['stepID']}")).json()
+    assert gone == {"checkpoints": [b["stepID"]], "sandboxes": sorted(kid_ids)}
+    assert await _live(client) == {src}
+    # No lease: the checkpoints live while their sandbox does.
+    assert (await client.delete(f"/sandboxes/{src}")).status_code == 204
+    t0 = time.monotonic()
+    while (await client.get(f"/rl/lineage/{a['stepID']}")).status_code != 404:
+        assert time.monotonic() - t0 < 5, "unreferenced checkpoints were not collected"
+        await asyncio.sleep(0.1)
+    assert node.rl.checkpoints.of_sandbox(src) == []

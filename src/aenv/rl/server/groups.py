@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from aenv.obs import RL_OPS, log_event
+from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import InvalidRequest, NotFound, StateConflict
 from aenv.orchestrator.requests import MAX_FORK_COUNT, CreateRequest
 from aenv.orchestrator.routes import Route
@@ -34,8 +35,11 @@ S = SandboxState
 _T = TypeVar("_T")
 PARALLEL = 8  # group-wide commands and pauses at once
 GROUP_PREFIX = "grp-"
-# A group's start state is the snapshot named START_PREFIX + the rest of its id.
-START_PREFIX = "rl-" + GROUP_PREFIX
+
+
+def start_name(group_id: str) -> str:
+    """The name of a group's start state (a snapshot of the RL plane's own)."""
+    return snaps.INTERNAL_PREFIX + group_id
 
 
 class SetupFailed(InvalidRequest):
@@ -246,14 +250,14 @@ class Groups:
         if source.kind == "sandbox" and not work:
             rec = self.sandbox_of(source.ref, team_id)
             if rec.state is S.RUNNING:  # stopped only for the snapshot
-                return (await self.orch.snapshot(rec.sandbox_id, "rl-" + gid)).snapshot_id, True
+                return (await self.orch.snapshot(rec.sandbox_id, start_name(gid))).snapshot_id, True
         prep = await self._prep_sandbox(team_id, source, lease)
         lease.sandboxes.add(prep.sandbox_id)
         try:
             if work:
                 assert setup is not None
                 await self._run_setup(prep, setup)
-            return (await self.orch.snapshot(prep.sandbox_id, "rl-" + gid)).snapshot_id, True
+            return (await self.orch.snapshot(prep.sandbox_id, start_name(gid))).snapshot_id, True
         finally:
             lease.sandboxes.discard(prep.sandbox_id)
             with contextlib.suppress(NotFound):

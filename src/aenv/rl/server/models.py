@@ -139,3 +139,18 @@ class Evaluate(Command):
         if self.base == "snapshot" and not self.snapshot:
             raise ValueError("base snapshot needs snapshot")
         return self
+
+
+class CheckpointNew(Body):
+    lease_id: str | None = Field(default=None, alias="leaseID", description="a lease that "
+                                 "keeps the checkpoint after its sandbox is gone")  # fmt: skip
+
+
+class RollbackTo(Body):
+    step_id: str = Field(alias="stepID", min_length=1)
+
+
+class CheckpointFork(Body):
+    count: int = Field(default=1, ge=1)
+    lease_id: str | None = Field(default=None, alias="leaseID")
+    timeout: int | None = Field(default=None, ge=0)

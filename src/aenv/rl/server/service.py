@@ -9,11 +9,13 @@ import logging
 import time
 
 from aenv.obs import log_event
+from aenv.orchestrator import snapshots as snaps
 from aenv.orchestrator.errors import NotFound
 from aenv.orchestrator.service import Orchestrator
 from aenv.orchestrator.states import SandboxState
+from aenv.rl.server.checkpoints import Checkpoints
 from aenv.rl.server.evaluate import Evaluator
-from aenv.rl.server.groups import START_PREFIX, Groups
+from aenv.rl.server.groups import Groups
 from aenv.rl.server.leases import TIMEOUT_MARGIN_S, Lease, Leases
 
 log = logging.getLogger("aenv.rl")
@@ -29,13 +31,14 @@ class RL:
         self.leases = Leases()
         self.groups = Groups(orch, self.leases)
         self.evaluator = Evaluator(self.groups)
+        self.checkpoints = Checkpoints(orch, self.leases)
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         # A node that stopped without ending its groups (a crash) forgot their leases:
-        # nothing refers to their start states any more.
+        # nothing refers to their start states and checkpoints any more.
         for snap in self.orch.snapshot_list():
-            if any(n.startswith(START_PREFIX) for n in snap.names):
+            if snaps.internal(snap):
                 with contextlib.suppress(NotFound):
                     self.orch.delete_snapshot(snap.snapshot_id)
                     log_event(log, "rl.stale_start_deleted", snapshot_id=snap.snapshot_id)
@@ -49,6 +52,7 @@ class RL:
         for lease in list(self.leases):
             self.leases.remove(lease.lease_id)
             await self.reclaim(lease, "node_stopping")
+        self.checkpoints.close()
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -100,3 +104,7 @@ class RL:
                     await self.reclaim(lease, "lapsed")
                 except Exception:
                     log.exception("rl.reclaim_failed")
+            try:
+                self.checkpoints.collect()
+            except Exception:
+                log.exception("rl.collect_failed")
