@@ -5,8 +5,9 @@ Run as root after `make setup`:  .venv/bin/python bench/rl.py [--fixtures light,
 
 - step: 32 samples, at most 8 at once on both paths, in one run. Each sample runs one step
   command and one reward command, then its sandbox is killed.
-  - group path: each sample calls `lease.join(<its prompt's key>, setup=..., n=8)` (aenv.rl):
-    4 start states made, 32 members forked. The node's `aenv_rl_ops_total` counts both.
+  - group path: each sample calls `lease.join(<its prompt's key>, setup=...)` (aenv.rl),
+    samples of the 4 prompts interleaved (a trainer's batch): 4 start states made (their
+    setups side by side), 32 members forked on demand. `aenv_rl_ops_total` counts both.
   - cold path: `Sandbox.create("base")` and the setup replayed in it, per sample.
   Fixtures: light (three 256 KiB files under ~/w, a background counter, an exported
   variable); heavy (that, plus a virtual environment with pip installed from the wheel
@@ -71,8 +72,10 @@ def group_path(rl: RL, tag: str, steps: list[str | Background]) -> tuple[float, 
     t0 = time.monotonic()
     with rl.lease(120) as lease:
         def one(i: int) -> float:
-            m = lease.join(f"{tag}-p{i // SAMPLES}", template=TEMPLATE,
-                           setup=Setup(commands=steps), n=SAMPLES)  # fmt: skip
+            # Samples arrive prompt after prompt, as a trainer's batch does; no member is
+            # forked ahead (n=0), so at most AT_ONCE sandboxes run at once here too.
+            m = lease.join(f"{tag}-p{i % PROMPTS}", template=TEMPLATE,
+                           setup=Setup(commands=steps))  # fmt: skip
             return _sample(m.sandbox())
 
         with ThreadPoolExecutor(AT_ONCE) as pool:

@@ -307,3 +307,34 @@ def test_checkpoints_roll_back_in_place_and_branch_into_a_tree(node: NodeProcess
     while (DATA_DIR / "snapshots" / cps[steps[0]]["snapshotID"]).exists():
         assert time.monotonic() < deadline, "unreferenced checkpoints were not collected"
         time.sleep(0.2)
+
+
+def test_the_gymnasium_environment_passes_check_env_and_clones(node: NodeProcess,
+                                                               rl: RL) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    from aenv.rl import GymEnv
+
+    env = GymEnv(rl, template="base", setup=Setup(commands=["echo 0 > ~/score"]),
+                 reward_cmd="mkdir -p /logs/verifier && "
+                            "cp /home/user/score /logs/verifier/reward.txt",
+                 max_steps=4)  # fmt: skip
+    try:
+        check_env(env, skip_render_check=True)
+        obs, info = env.reset(seed=1)
+        assert obs == "" and info["sandbox_id"] in _sandboxes(node)
+        obs, reward, term, trunc, _ = env.step("echo hello; echo 0.5 > ~/score")
+        assert (obs, reward, term, trunc) == ("hello\n", 0.0, False, False)
+        clones = env.clone(8)
+        for i, c in enumerate(clones):  # each goes its own way from the shared state
+            c.step(f"echo {i} > ~/mine")
+        seen = [c.step("cat ~/mine ~/score")[0] for c in clones]
+        assert seen == [f"{i}\n0.5\n" for i in range(8)]
+        assert env.step("cat ~/mine")[0].endswith("No such file or directory\n")
+        _, reward, term, _, info = clones[3].step("submit")
+        assert (reward, term, info["reward_status"]) == (0.5, True, "ok")
+        for c in clones:
+            c.close()
+    finally:
+        env.close()
+    assert _sandboxes(node) == set()

@@ -429,6 +429,13 @@ class Runtime(Pausing, Cloning, Adopting):
         """End the VMM and give back its slot, keeping its directory (pause)."""
         m.stopping = True  # before anything ends it: its watcher must not report the exit
         self._machines.pop(m.name, None)
+        # A child's /init still on its way ends first: it retries connecting to the slot's
+        # address until its deadline, and once the slot is given back that address is the
+        # next VM's, whose agent would take this one's token (and egress rules).
+        if m.ready is not None and not m.ready.done() and m.ready is not asyncio.current_task():
+            m.ready.cancel()
+            with contextlib.suppress(BaseException):
+                await m.ready
         await m.http.aclose()
         with contextlib.suppress(OSError):  # it names a VMM that is about to end
             await asyncio.to_thread(adoption.remove, m.workdir)
