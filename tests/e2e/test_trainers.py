@@ -4,6 +4,8 @@ venvs of their own (`$AENV_TEST_VENVS`, default /var/cache/aenv-test-venvs; made
 - Harbor 0.26 (`harbor[e2b]==0.26.0`, Python 3.12): `harbor run -a oracle -e e2b` on a
   Dockerfile task FROM a loopback registry image, `-n 1` then 8 trials at once: reward 1
   each, one template build, and a second run builds nothing;
+- the same task with `-e aenv.integrations.harbor:AenvEnvironment` (issue 32; the
+  `aenv-rl` wheel installed in Harbor's venv): 8 trials, 1 start state, 8 forks;
 - verifiers 0.4.0 (`verifiers[e2b]==0.4.0`): two runtimes of one environment, one build.
 
 `make test-long` only: the installs and builds take minutes.
@@ -18,6 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.registry import Seeded, have_tools, push_exported
@@ -29,6 +32,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(3600),
 
 VENVS = Path(os.environ.get("AENV_TEST_VENVS", "/var/cache/aenv-test-venvs"))
 PY312 = Path("/root/.pyenv/versions/3.12.1/bin/python")
+ROOT = Path(__file__).resolve().parents[2]
+UV = ROOT / ".uv/bin/uv"  # the Makefile's
 
 
 def _venv(name: str, python: Path, requirement: str) -> Path:
@@ -86,11 +91,13 @@ def _builds_of(node: NodeProcess, prefix: str) -> int:
     return len(re.findall(rf"build \S+ of {prefix}\S* started", node.log.read_text()))
 
 
-def _harbor_run(venv: Path, node: NodeProcess, task: Path, jobs: Path, trials: int) -> list:
+def _harbor_run(venv: Path, node: NodeProcess, task: Path, jobs: Path, trials: int,
+                environment: str = "e2b") -> list:  # fmt: skip
     env = {**os.environ, "E2B_API_URL": node.origin, "E2B_SANDBOX_URL": node.origin,
            "E2B_API_KEY": API_KEY, "HARBOR_TELEMETRY": "0", "NO_COLOR": "1"}  # fmt: skip
     p = subprocess.run([str(venv / "bin/harbor"), "run", "-p", str(task), "-a", "oracle",
-                        "-e", "e2b", "-o", str(jobs), "-k", str(trials), "-n", str(trials)],
+                        "-e", environment, "-o", str(jobs), "-k", str(trials), "-n",
+                        str(trials)],
                        env=env, capture_output=True, text=True, timeout=3000)  # fmt: skip
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     rewards = []
@@ -120,6 +127,37 @@ def test_harbor_026_runs_a_dockerfile_task_with_one_build(node: NodeProcess, deb
         for t in c.get("/templates").json():
             if t["templateID"].startswith("harbor-"):
                 assert c.delete(f"/templates/{t['templateID']}").status_code == 204
+
+
+def _rl_ops(node: NodeProcess) -> dict[str, float]:
+    text = httpx.get(node.origin + "/metrics", headers={"X-API-Key": API_KEY}).text
+    return {f"{m[1]}/{m[2]}": float(m[3]) for m in re.finditer(
+        r'^aenv_rl_ops_total\{op="(\w+)",outcome="(\w+)"\} ([0-9.e+]+)$', text, re.M)}
+
+
+def test_harbor_026_with_aenvs_environment_forks_every_trial(node: NodeProcess, debian: str,
+                                                            tmp_path: Path) -> None:
+    """issue 32: `-e aenv.integrations.harbor:AenvEnvironment` (the `aenv-rl` wheel,
+    installed in Harbor's own venv): one start state per task, every trial a fork of it."""
+    venv = _venv("harbor-0.26", PY312, "harbor[e2b]==0.26.0")
+    wheels = tmp_path / "wheels"
+    subprocess.run([str(UV), "build", "--wheel", str(ROOT / "clients/aenv-rl"), "-o",
+                    str(wheels)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run([str(UV), "pip", "install", "--python", str(venv / "bin/python"),
+                    "--no-deps", "--reinstall", *map(str, wheels.glob("*.whl"))],
+                   check=True, capture_output=True)  # fmt: skip
+    task = _harbor_task(tmp_path, debian)
+    before = _rl_ops(node)
+    t0 = time.monotonic()
+    rewards = _harbor_run(venv, node, task, tmp_path / "jobs", 8,
+                          "aenv.integrations.harbor:AenvEnvironment")  # fmt: skip
+    print(f"harbor -k 8 -n 8 (AenvEnvironment): {time.monotonic() - t0:.0f} s")
+    assert rewards == [1.0] * 8
+    after = _rl_ops(node)
+    assert after.get("setup/ok", 0) - before.get("setup/ok", 0) == 1
+    assert after.get("member/ok", 0) - before.get("member/ok", 0) == 8
+    with node.api() as c:  # harbor's process ended: its lease, and the start state, with it
+        assert c.get("/v2/sandboxes").json() == []
 
 
 VERIFIERS_SCRIPT = """
