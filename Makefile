@@ -36,7 +36,7 @@ artifacts: venv
 	$(AENV) setup
 
 lint: venv
-	.venv/bin/ruff check src tests bench
+	.venv/bin/ruff check src tests bench examples
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

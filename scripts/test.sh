@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/suite.sh
 census_baseline
 
-phase lint     .venv/bin/ruff check src tests bench
+phase lint     .venv/bin/ruff check src tests bench examples
 phase unit     pyt unit tests/unit -m "not long"
 phase vm       pyt vm tests/integration -m "not long"
 phase e2e      pyt e2e tests/e2e -m "not long"

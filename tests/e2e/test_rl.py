@@ -17,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -337,4 +338,18 @@ def test_the_gymnasium_environment_passes_check_env_and_clones(node: NodeProcess
             c.close()
     finally:
         env.close()
+    assert _sandboxes(node) == set()
+
+
+def test_the_scripted_grpo_example_gets_the_rewards_its_actions_are_due(
+        node: NodeProcess) -> None:  # fmt: skip
+    example = Path(__file__).resolve().parents[2] / "examples/grpo_scripted.py"
+    p = subprocess.run([sys.executable, str(example), "--steps", "1",
+                        "--prompts", "2", "--group", "4"], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "E2B_API_URL": node.origin,
+                                         "E2B_SANDBOX_URL": node.origin,
+                                         "E2B_API_KEY": API_KEY})  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "rewards not as expected: 0" in p.stdout
+    assert p.stdout.count("advantages") == 2
     assert _sandboxes(node) == set()
