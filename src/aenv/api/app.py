@@ -91,6 +91,7 @@ def build_api(node: Node) -> FastAPI:
     api.include_router(volumes.content)
     api.include_router(teams.router)
     api.include_router(rl.router)
+    api.include_router(rl.public)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
     return api
 

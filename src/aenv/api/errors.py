@@ -72,7 +72,7 @@ def install(app: FastAPI) -> None:
             planned = status != 500
             log.log(logging.WARNING if planned else logging.ERROR, "api.runtime_error",
                     exc_info=None if planned else exc,
-                    extra={"kv": {"path": request.url.path, "status": status,
+                    extra={"kv": {"path": loggable(request.url.path), "status": status,
                                   "error": str(exc)}})  # fmt: skip
         return error_response(status, str(exc) or type(exc).__name__, headers,
                               getattr(exc, "error_code", None))
@@ -96,8 +96,15 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.error("api.internal_error", exc_info=exc, extra={"kv": {"path": request.url.path}})
+        log.error("api.internal_error", exc_info=exc,
+                  extra={"kv": {"path": loggable(request.url.path)}})
         return error_response(500, "internal server error")
+
+
+def loggable(path: str) -> str:
+    """The path as logs may show it: a run-code token in it is a credential."""
+    head, sep, _ = path.partition("/rl/run_code/")
+    return head + sep + "…" if sep else path
 
 
 def body(status: int, message: str) -> dict[str, Any]:

@@ -4,14 +4,17 @@ error bodies as the E2B routes."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from aenv.api.auth import require_api_key, team_of
+from aenv.api.apierror import ApiError
+from aenv.api.auth import principal, require_api_key, team_of
 from aenv.api.models import Error
 from aenv.api.sandboxes import fork_results
+from aenv.orchestrator.errors import CapacityExhausted, NotFound
 from aenv.rl.server.leases import Lease
 from aenv.rl.server.models import (
     CheckpointFork,
@@ -23,7 +26,10 @@ from aenv.rl.server.models import (
     LeaseSandbox,
     RollbackTo,
 )
+from aenv.rl.server.run_code import GROUP_KEY, LANGUAGES, RunCodeRequest
 from aenv.rl.server.service import RL
+
+RESERVED_KEY_PREFIX = GROUP_KEY.partition("/")[0] + "/"  # the node's own groups
 
 router = APIRouter(
     prefix="/rl", tags=["rl"], dependencies=[Depends(require_api_key)],
@@ -45,6 +51,8 @@ async def join_group(request: Request, body: GroupJoin) -> dict[str, Any]:
     with a key makes the group (its `source`, `setup` once, a snapshot; `n` members forked
     ahead) under a new lease (`lease_s`, default 300) or `leaseID`; concurrent first calls
     wait on one start. Connect to the member with the E2B SDK (`Sandbox.connect(id)`)."""
+    if body.key.startswith(RESERVED_KEY_PREFIX):
+        raise ApiError(400, f"group keys starting {RESERVED_KEY_PREFIX!r} are reserved")
     rl = _rl(request)
     g, m, made = await rl.groups.join(team_of(request), body)
     return {"groupID": g.group_id, "key": g.key, "created": made,
@@ -191,3 +199,58 @@ async def lineage(request: Request, some_id: str) -> dict[str, Any]:
     """The tree holding a checkpoint (step id) or a sandbox: its checkpoints (with parent
     links) and the live sandboxes whose head is one of them."""
     return _rl(request).checkpoints.lineage(team_of(request), some_id)
+
+
+@router.get("/run_code", operation_id="rlRunCodeToken")
+async def run_code_token(request: Request) -> dict[str, Any]:
+    """A SandboxFusion endpoint for this API key: set a trainer's SandboxFusion URL (verl's
+    `reward.sandbox_fusion.url`) to `url`. The token in it is a credential (whoever holds it
+    runs code as your team) bound to this key: revoking the key revokes it."""
+    token = _rl(request).tokens.make(principal(request).key_id)
+    path = f"/rl/run_code/{token}"
+    return {"url": str(request.base_url).rstrip("/") + path, "path": path,
+            "languages": sorted(LANGUAGES)}
+
+
+@router.delete("/run_code", operation_id="rlRunCodeEnd", status_code=204)
+async def run_code_end(request: Request) -> Response:
+    """End the team's run-code sandboxes now (they end on their own 15 minutes after the
+    last call); the next call makes them again. Tokens stay valid."""
+    rl = _rl(request)
+    lid = rl.run_code.lease_id(team_of(request))
+    if lid is not None:
+        with contextlib.suppress(NotFound):
+            await rl.release(lid, team_of(request))
+    return Response(status_code=204)
+
+
+# verl's SandboxFusion client sends no API key: the token in the path is the credential.
+public = APIRouter(prefix="/rl", tags=["rl"])
+
+
+@public.post("/run_code/{token}", operation_id="rlRunCode",
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": RunCodeRequest.model_json_schema()}}}},
+             responses={401: {"model": Error}, 504: {"model": Error}})  # fmt: skip
+async def run_code(request: Request, token: str) -> dict[str, Any]:
+    """SandboxFusion's `run_code` (verl's `reward.sandbox_fusion.url`): the program runs in
+    a fork of the team's run-code start state, alone, and the answer is SandboxFusion's
+    (HTTP 200, `status` Success, Failed or SandboxError). 504 when the node has no room
+    now (verl's client tries again)."""
+    rl = _rl(request)
+    teams = rl.groups.orch.teams
+    key_id = rl.tokens.key_id(token)
+    key = None
+    if key_id is not None and teams is not None:
+        with contextlib.suppress(Exception):
+            key = teams.key(key_id)
+    if key is None or key.revoked_us is not None:
+        raise ApiError(401, "invalid run-code token")
+    try:
+        raw = await request.json()
+    except ValueError:
+        raw = None
+    try:
+        return await rl.run_code.run(key.team_id, raw)
+    except CapacityExhausted as e:
+        raise ApiError(504, f"no room for the program now: {e}") from None

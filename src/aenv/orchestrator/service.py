@@ -116,6 +116,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         self.images: ImageTemplates | None = None  # images on demand (the node's, api/app.py)
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         self.secrets: Secrets | None = None  # from start(); a cluster's replaces it
+        self.secrets_key = b""  # from start(): the node's (and its cluster's) key
         self.volumes: Volumes | None = None  # from start()
         self.teams: Teams | None = None  # from start(); a cluster's replaces it
         # Run at close, after the last pause and VM and before the store closes: the

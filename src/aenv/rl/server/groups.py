@@ -399,6 +399,13 @@ class Groups:
             if isinstance(r, BaseException):
                 log.warning("rl.kill_failed", extra={"kv": {"error": repr(r)}})
 
+    async def discard(self, g: Group, m: Member) -> None:
+        """A member used once (a run-code call): killed and forgotten, so a group that
+        serves calls for hours does not keep a list of them."""
+        with contextlib.suppress(ValueError):
+            g.members.remove(m)
+        await self._kill_all([m.sandbox_id])
+
     async def kill_sandboxes(self, sandbox_ids: list[str]) -> None:
         await self._kill_all(sandbox_ids)
 

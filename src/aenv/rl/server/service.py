@@ -17,6 +17,7 @@ from aenv.rl.server.checkpoints import Checkpoints
 from aenv.rl.server.evaluate import Evaluator
 from aenv.rl.server.groups import Groups
 from aenv.rl.server.leases import TIMEOUT_MARGIN_S, Lease, Leases
+from aenv.rl.server.run_code import RunCode, Tokens
 
 log = logging.getLogger("aenv.rl")
 S = SandboxState
@@ -32,6 +33,9 @@ class RL:
         self.groups = Groups(orch, self.leases)
         self.evaluator = Evaluator(self.groups)
         self.checkpoints = Checkpoints(orch, self.leases)
+        self.tokens = Tokens(lambda: orch.secrets_key)
+        self.run_code = RunCode(self.groups, self.leases, self.renew,
+                                template=lambda: orch.config.default_template)
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
