@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ class Cluster:
     nodes: list[NodeProcess]
     gateway: Child  # the load balancer in front of the gateways: what clients call
     env: dict[str, str]  # what nodes and gateways of this cluster are given
+    gateways: list[Child]  # behind the load balancer
 
     def binding(self, sandbox_id: str) -> dict | None:  # type: ignore[type-arg]
         key = base64.b64encode(f"{self.prefix}bindings/{sandbox_id}".encode()).decode()
@@ -90,7 +92,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         lb.start()
         stack.callback(lb.stop)
         with sdk_pointed_at(lb):  # type: ignore[arg-type]
-            yield Cluster(etcd, prefix, nodes, lb, common)
+            yield Cluster(etcd, prefix, nodes, lb, common, gws)
 
 
 def test_the_sync_scenario_runs_through_the_load_balancer_on_all_three_nodes(
@@ -106,6 +108,37 @@ def test_the_sync_scenario_runs_through_the_load_balancer_on_all_three_nodes(
         ballast.kill()
     made = [cluster.creates(n) - b for n, b in zip(cluster.nodes, before, strict=True)]
     assert all(m >= 1 for m in made), f"creates per node: {made}"
+
+
+def test_one_group_key_through_two_gateways_makes_one_group(cluster: Cluster) -> None:
+    """The RL plane lives on the cluster's RL home (etcd): calls with one key through two
+    gateways join one group; a member's own calls go to its node; the lease released
+    through the other gateway ends the group."""
+    gws = cluster.gateways
+    body = {"key": "two-gateways", "source": {"template": "base"}, "lease_s": 120}
+
+    def call(method: str, i: int, path: str, **kw: object) -> httpx.Response:
+        return httpx.request(method, gws[i % 2].origin + path, timeout=300,
+                             headers={"X-API-Key": API_KEY}, **kw)  # type: ignore[arg-type]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda i: call("POST", i, "/rl/groups", json=body), range(4)))
+    assert [r.status_code for r in got] == [201] * 4, [r.text for r in got]
+    docs = [r.json() for r in got]
+    assert len({d["groupID"] for d in docs}) == 1 and sum(d["created"] for d in docs) == 1
+    members = [d["member"]["sandboxID"] for d in docs]
+    home = httpx.post(cluster.etcd.endpoints[0] + "/v3/kv/range", timeout=5, json={
+        "key": base64.b64encode(f"{cluster.prefix}rl/home".encode()).decode()}).json()
+    home_node = base64.b64decode(home["kvs"][0]["value"]).decode()
+    assert {cluster.binding(m)["node"] for m in members} == {home_node}  # type: ignore[index]
+    assert Sandbox.connect(members[0]).commands.run("echo member").stdout == "member\n"
+    r = call("POST", 1, f"/rl/sandboxes/{members[0]}/checkpoints")
+    assert r.status_code == 201, r.text
+    r = call("GET", 0, f"/rl/groups/{docs[0]['groupID']}")
+    assert r.status_code == 200 and r.json()["joins"] == 4
+    assert call("DELETE", 1, f"/rl/leases/{docs[0]['lease']['leaseID']}").status_code == 204
+    for m in members:
+        assert call("GET", 0, f"/sandboxes/{m}").status_code == 404
 
 
 def test_the_async_scenario_runs_through_the_load_balancer(cluster: Cluster) -> None:

@@ -33,3 +33,18 @@ def _route(method: str, path: str) -> routing.Route:
 ])  # fmt: skip
 def test_routes(method: str, path: str, want: routing.Route) -> None:
     assert _route(method, path) == want
+
+
+@pytest.mark.parametrize(("method", "path", "want"), [
+    ("POST", "/rl/groups", routing.RlHome()),
+    ("GET", "/rl/groups/grp-1", routing.RlHome()),
+    ("POST", "/rl/leases/lease-1", routing.RlHome()),
+    ("POST", "/rl/run_code/sf1.k.mac", routing.RlHome()),
+    ("POST", "/rl/evaluate", routing.RlHome()),
+    ("POST", "/rl/sandboxes/abc/checkpoints", routing.OneSandbox("abc")),
+    ("POST", "/rl/sandboxes/abc/rollback", routing.OneSandbox("abc")),
+    ("POST", "/v2/sandboxes/abc/connect", routing.OneSandbox("abc", resume=True)),
+])  # fmt: skip
+def test_the_rl_plane_goes_home_but_a_sandboxs_calls_go_to_its_node(
+        method: str, path: str, want: routing.Route) -> None:  # fmt: skip
+    assert _route(method, path) == want

@@ -64,6 +64,7 @@ from aenv.cluster.gateway.nodes import (
     call,
     call_all,
 )
+from aenv.cluster.gateway.rl_home import RlHome
 from aenv.cluster.membership import Members, NodeRecord
 from aenv.cluster.placement import (
     AlreadyBound,
@@ -132,6 +133,7 @@ class Gateway:
         # first transaction (only other gateways' still race, placement.py).
         self._placing = asyncio.Lock()
         self.teams: EtcdTeams | None = None  # every team's keys (cluster/teams.py)
+        self.rl_home: RlHome | None = None
         self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
         install_abort_filter()
 
@@ -156,6 +158,7 @@ class Gateway:
         self.bindings = PrefixView(self.etcd, f"{self.prefix}bindings/", _parse_binding)
         self.published = PrefixView(self.etcd, published_prefix(self.prefix), parse_entry)
         self.teams = EtcdTeams(self.etcd, self.prefix)
+        self.rl_home = RlHome(self.etcd, self.prefix, self._nodes)
         try:
             await self.teams.start()
             await self.teams.bind_node_key(self.api_key)
@@ -225,9 +228,10 @@ class Gateway:
         if isinstance(r, routing.Own):
             await self._own(send, r.what)
             return "ok"
-        node = self._template_home(r.name if isinstance(r, routing.ByTemplate) else None)
+        node = (await self.rl_home.node() if isinstance(r, routing.RlHome) and self.rl_home
+                else self._template_home(r.name if isinstance(r, routing.ByTemplate) else None))
         if node is None:
-            await send_json(send, 503, _no_nodes())
+            await send_json(send, 503, _NO_NODES)
             return "no_nodes"
         return await self._relay(scope, receive, send, node, self._control_headers(scope))
 
@@ -366,7 +370,7 @@ class Gateway:
                            watcher: asyncio.Task[Any]) -> str:  # fmt: skip
         nodes = self._nodes()
         if not nodes:
-            await send_json(send, 503, _no_nodes())
+            await send_json(send, 503, _NO_NODES)
             return "no_nodes"
         target = target_of(scope, scope.get("raw_path") or scope["path"].encode())
         headers = self._control_headers(scope)
@@ -577,8 +581,7 @@ def _no_sandbox(sandbox_id: str) -> dict[str, Any]:
             "message": f'sandbox "{sandbox_id}" doesn\'t exist or you don\'t have access to it'}
 
 
-def _no_nodes() -> dict[str, Any]:
-    return {"code": 503, "message": "no node of the cluster is available"}
+_NO_NODES = {"code": 503, "message": "no node of the cluster is available"}
 
 
 async def _release(etcd: Etcd, prefix: str, sandbox_id: str) -> None:

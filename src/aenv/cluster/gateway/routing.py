@@ -13,7 +13,9 @@ In this order:
    node holds an older version, so all the calls of one build reach the node running it
    (the template it makes is then fetched by the nodes creates from it go to);
 6. `/health` and `/metrics`: the gateway's own;
-7. anything else: the first node (whose answer is then the cluster's: a 404, openapi).
+7. the RL plane (`/rl/...`): the cluster's RL home (`rl_home.py`), but a call naming a
+   sandbox (`/rl/sandboxes/<id>/...`): the sandbox's node, as 2;
+8. anything else: the first node (whose answer is then the cluster's: a 404, openapi).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _TEMPLATE = re.compile(r"^/(?:v2/)?templates/(.+?)(?:/(?:builds|files|tags)(?:/.
 _BUILD = re.compile(r"^/(?:v2/)?templates/[^/]+/(?:builds|files)(?:/.*)?$")
 _RESUMES = ("/resume", "/connect")
 _SNAPSHOT_FORK = re.compile(r"^/snapshots/([^/]+)/fork$")
+_RL_SANDBOX = re.compile(r"^/rl/sandboxes/([^/]+)(?:/.*)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +66,16 @@ class Own:
 
 
 @dataclass(frozen=True, slots=True)
+class RlHome:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class AnyNode:
     pass
 
 
-Route = Data | OneSandbox | Create | Listing | ByTemplate | Own | AnyNode
+Route = Data | OneSandbox | Create | Listing | ByTemplate | Own | RlHome | AnyNode
 
 _LISTINGS: dict[str, Literal["sandboxes", "sandboxes_v2", "snapshots", "templates", "metrics"]] = {
     "/sandboxes": "sandboxes", "/v2/sandboxes": "sandboxes_v2", "/snapshots": "snapshots",
@@ -87,6 +95,10 @@ def route(scope: dict[str, Any], domain: bytes | None) -> Route:
         return Create()
     if m := _SANDBOX.match(path):
         return OneSandbox(m.group(1), method == "POST" and path.endswith(_RESUMES))
+    if m := _RL_SANDBOX.match(path):
+        return OneSandbox(m.group(1))
+    if path.startswith("/rl/"):
+        return RlHome()
     if path in ("/health", "/metrics") and method == "GET":
         return Own("health" if path == "/health" else "metrics")
     if m := _SNAPSHOT_FORK.match(path):
