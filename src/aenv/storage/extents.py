@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +30,16 @@ class Usage:
         return self.own + self.shared
 
 
-def file_usage(path: Path) -> Usage:
-    """Own and shared data bytes of one file (OSError where FIEMAP is not supported)."""
-    own = shared = 0
+@dataclass(frozen=True)
+class Extent:
+    logical: int
+    physical: int
+    length: int
+    shared: bool
+
+
+def extents(path: Path) -> Iterator[Extent]:
+    """The file's data extents, in order (OSError where FIEMAP is not supported)."""
     start = 0
     with open(path, "rb") as f:
         end = os.fstat(f.fileno()).st_size
@@ -41,18 +49,37 @@ def file_usage(path: Path) -> Usage:
             fcntl.ioctl(f.fileno(), _FS_IOC_FIEMAP, buf)
             mapped = _HEAD.unpack_from(buf)[3]
             if mapped == 0:
-                break
+                return
             for i in range(mapped):
-                logical, _, length, _, _, flags, *_ = _EXTENT.unpack_from(
+                logical, physical, length, _, _, flags, *_ = _EXTENT.unpack_from(
                     buf, _HEAD.size + i * _EXTENT.size)
-                if flags & _SHARED:
-                    shared += length
-                else:
-                    own += length
+                yield Extent(logical, physical, length, bool(flags & _SHARED))
                 start = logical + length
                 if flags & _LAST:
-                    return Usage(own, shared)
+                    return
+
+
+def file_usage(path: Path) -> Usage:
+    """Own and shared data bytes of one file (OSError where FIEMAP is not supported)."""
+    own = shared = 0
+    for e in extents(path):
+        if e.shared:
+            shared += e.length
+        else:
+            own += e.length
     return Usage(own, shared)
+
+
+def distinct_bytes(paths: Iterable[Path]) -> int:
+    """The bytes of storage the files' data occupies, each block once however many of the
+    files (or ranges of one) share it: what deleting all of them could free at most."""
+    ranges = sorted((e.physical, e.physical + e.length) for p in paths for e in extents(p))
+    total, reach = 0, 0
+    for lo, hi in ranges:
+        if hi > reach:
+            total += hi - max(lo, reach)
+            reach = hi
+    return total
 
 
 def tree_usage(root: Path) -> Usage:
