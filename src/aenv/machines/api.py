@@ -166,9 +166,13 @@ class Runtime(Protocol):
         template: str,
         init: AgentInit,
         shape: MachineShape | None = None,
+        *,
+        init_later: bool = False,
     ) -> SandboxHandle:
         """Restore the template's snapshot into a fresh VM, push init, return when the agent
-        answers. Leaves nothing behind on failure."""
+        answers (`init_later`: once the VM runs, the handle's `ready` done when it has
+        answered; if it never does the VM ends as a dead VMM). Leaves nothing behind on
+        failure."""
 
     async def kill(self, handle: SandboxHandle) -> None:
         """End the VM and release its slot, disk and files (idempotent)."""

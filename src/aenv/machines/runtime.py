@@ -505,8 +505,9 @@ class Runtime(Pausing, Cloning, Adopting):
 
     # -- the sandbox API the orchestrator uses ------------------------------------------
     async def create(self, sandbox_id: str, template: str, init: AgentInit,
-                     shape: MachineShape | None = None) -> SandboxHandle:
-        """From a template name or a snapshot id."""
+                     shape: MachineShape | None = None, *,
+                     init_later: bool = False) -> SandboxHandle:  # fmt: skip
+        """From a template name or a snapshot id (`init_later`: as a fork child's)."""
         try:
             info = self._template_info(template)
             snapshot_id, template_shape = info.build_id, info.shape
@@ -519,6 +520,9 @@ class Runtime(Pausing, Cloning, Adopting):
         if len(self._machines) >= self.cfg.max_sandboxes:
             raise CapacityExceeded("node is at its sandbox limit")
         await self.pager.make_room(template_shape.memory_mib)
+        if init_later:
+            return await self._create_from(sandbox_id, snapshot_id, init,
+                                           init_gate=self.init_gate)  # fmt: skip
         await self._create_from(sandbox_id, snapshot_id, init)
         return self.handle(sandbox_id, template)
 

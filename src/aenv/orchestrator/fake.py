@@ -97,6 +97,8 @@ class FakeRuntime:
         template: str,
         init: AgentInit,
         shape: MachineShape | None = None,
+        *,
+        init_later: bool = False,
     ) -> SandboxHandle:
         if template in self.snapshots:
             snap = self.snapshots[template]

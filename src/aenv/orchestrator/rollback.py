@@ -40,8 +40,12 @@ async def rollback(orch: Orchestrator, sandbox_id: str, snapshot_id: str) -> San
             async with stage("rollback", "runtime_kill", sandbox_id):
                 await orch._runtime_kill(route.handle if route else orch._handle(rec))
             async with stage("rollback", "runtime_restore", sandbox_id):
+                # Back once the VM runs: the agent's /init (clock, entropy) completes behind
+                # the call, and the data plane waits for it (under TCG a new QEMU's first
+                # answer is most of a rollback's time).
                 handle = await orch.runtime.create(
-                    sandbox_id, snapshot_id, agent_init(rec, orch.config.volumes_dir))
+                    sandbox_id, snapshot_id, agent_init(rec, orch.config.volumes_dir),
+                    init_later=True)
         except BaseException as e:
             OPS_TOTAL.labels("rollback", "error").inc()
             orch.store.transition(sandbox_id, [S.ROLLING_BACK], S.KILLING, orch.now_us())
