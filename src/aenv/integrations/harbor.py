@@ -16,29 +16,12 @@ Harbor's own E2B environment."""
 from __future__ import annotations
 
 import asyncio
-import atexit
-import os
-import threading
 
 from e2b import AsyncSandbox
 from e2b.exceptions import RateLimitException, SandboxException
 from harbor.environments.e2b import E2BEnvironment
 
-from aenv.rl.client import RL, Lease, RLError
-
-LEASE_S = float(os.environ.get("AENV_HARBOR_LEASE_S", "600"))
-_lock = threading.Lock()
-_lease: Lease | None = None
-
-
-def process_lease() -> Lease:
-    """This process's lease (made at first use, ended at exit)."""
-    global _lease
-    with _lock:
-        if _lease is None:
-            _lease = RL().lease(LEASE_S)
-            atexit.register(_lease.close)
-        return _lease
+from aenv.rl.client import RLError, process_lease
 
 
 def _as_e2b(e: RLError) -> Exception:

@@ -12,6 +12,7 @@ This module depends on httpx and e2b only (it ships in the `aenv-rl` distributio
 
 from __future__ import annotations
 
+import atexit
 import base64
 import os
 import threading
@@ -170,6 +171,16 @@ class RL:
                 body[k] = v
         return Evaluation.from_json(self.call("POST", "/rl/evaluate", body))
 
+    def reward(self, sandbox_id: str, cmd: str, *,
+               reward_file: str = "/logs/verifier/reward.txt", timeout: float = 600,
+               ) -> tuple[float, Evaluation]:  # fmt: skip
+        """The grader's reward for the sandbox (`evaluate` in a throwaway fork): 0.0 when it
+        gave none (`error`, `timeout`: the agent's doing). RLError (503) when the platform
+        failed (`infra_error`): never scored, the trainer decides what to do with it."""
+        res = self.evaluate(sandbox_id, cmd, reward_file=reward_file, timeout=timeout)
+        if res.status == "infra_error":
+            raise RLError(503, f"grading failed on the platform's side: {res.error}")
+        return (float(res.reward) if res.reward is not None else 0.0), res
 
     # -- checkpoints and trees ------------------------------------------------------------
 
@@ -203,6 +214,36 @@ class RL:
     def delete_checkpoint(self, step_id: str) -> dict[str, Any]:
         """The checkpoint and its subtree (checkpoints, and live sandboxes under them)."""
         return self.call("DELETE", f"/rl/checkpoints/{step_id}")
+
+
+_process_lock = threading.Lock()
+_process_lease: Lease | None = None
+
+
+def process_lease() -> Lease:
+    """One lease for this process's groups and sandboxes (an adapter's: Harbor, SkyRL, verl,
+    NeMo Gym), made at first use with `RL()` and `AENV_RL_LEASE_S` (default 600), renewed in
+    the background, ended at exit. A killed process's lease lapses: what it held goes."""
+    global _process_lease
+    with _process_lock:
+        if _process_lease is None:
+            lease_s = float(os.environ.get("AENV_RL_LEASE_S")
+                            or os.environ.get("AENV_HARBOR_LEASE_S") or 600)  # fmt: skip
+            _process_lease = RL().lease(lease_s)
+            atexit.register(_process_lease.close)
+        return _process_lease
+
+
+def command_output(sandbox: Any, cmd: str, timeout: float) -> tuple[str, int]:
+    """What `cmd` printed (stdout, then stderr) and its exit code, in an e2b.Sandbox: a
+    non-zero exit is an answer, not an error."""
+    from e2b.sandbox.commands.command_handle import CommandExitException
+
+    try:
+        r = sandbox.commands.run(cmd, timeout=timeout)
+        return r.stdout + r.stderr, r.exit_code
+    except CommandExitException as e:
+        return (e.stdout or "") + (e.stderr or ""), e.exit_code
 
 
 class Lease:

@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from aenv.rl.client import RL, Lease, Setup
+from aenv.rl.client import RL, Lease, Setup, command_output
 
 CHARSET = frozenset(string.printable)
 MAX_OBSERVATION = 16384
@@ -116,25 +116,17 @@ class GymEnv(gymnasium.Env[str, str]):
         return out
 
     def _run(self, cmd: str) -> tuple[str, int]:
-        from e2b.sandbox.commands.command_handle import CommandExitException
-
-        try:
-            r = self.sandbox.commands.run(cmd, timeout=self.command_timeout)
-            return r.stdout + r.stderr, r.exit_code
-        except CommandExitException as e:
-            return (e.stdout or "") + (e.stderr or ""), e.exit_code
+        return command_output(self.sandbox, cmd, self.command_timeout)
 
     def _grade(self, info: dict[str, Any]) -> float:
         if self.reward_cmd is None:
             return 0.0
-        res = self.rl.evaluate(self.sandbox.sandbox_id, self.reward_cmd,
-                               reward_file=self.reward_file)  # fmt: skip
+        reward, res = self.rl.reward(self.sandbox.sandbox_id, self.reward_cmd,
+                                     reward_file=self.reward_file)  # fmt: skip
         info["reward_status"] = res.status
         if res.error:
             info["reward_error"] = res.error
-        if res.status == "infra_error":  # never scored: the trainer decides what to do
-            raise RuntimeError(f"grading failed on the platform's side: {res.error}")
-        return float(res.reward) if res.reward is not None else 0.0
+        return reward
 
     def _end_episode(self) -> None:
         if self.sandbox is not None:

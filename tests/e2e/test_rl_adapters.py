@@ -1,0 +1,85 @@
+"""Trainer adapters on a real node (issue 32), each in a process of its own as a trainer's
+worker would be (its process lease ends at exit): SkyRL's environment with the real
+skyrl-gym 0.4.0 and SkyRL's generator hook called as skyrl 0.3.0 calls it (pinned: skyrl
+imports torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from .conftest import API_KEY, NodeProcess
+from .test_rl import _delta, _rl_ops, _sandboxes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def _run(node: NodeProcess, code: str) -> dict[str, object]:
+    env = {**os.environ, "E2B_API_URL": node.origin, "E2B_SANDBOX_URL": node.origin,
+           "E2B_API_KEY": API_KEY, "AENV_RL_LEASE_S": "60"}  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=500,
+                       capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+SKYRL = """
+    import dataclasses, json
+    import skyrl_gym
+    import aenv.integrations.skyrl as aenv_skyrl
+
+    @dataclasses.dataclass
+    class TrajectoryID:  # skyrl/train/generators/base.py, skyrl 0.3.0
+        instance_id: str
+        repetition_id: int
+
+    aenv_skyrl.register()
+    aenv_skyrl.register()  # a second call (another import of the module) is a no-op
+    grade = ("mkdir -p /logs/verifier && r=0 && [ \\"$(cat /home/user/n)\\" = 42 ] && r=1; "
+             "echo $r > /logs/verifier/reward.txt")
+    row = {"aenv": {"template": "base", "setup": ["echo 41 > ~/n"], "reward_cmd": grade},
+           "uid": "task-1", "max_turns": 4}
+    prompt = [{"role": "user", "content": "make ~/n hold 42"}]
+    out = {}
+    # As SkyRLGymGenerator.agent_loop does: the hook, then make(env_class, env_config, extras).
+    for rep, actions in enumerate([
+            ["<bash>echo 42 > ~/n</bash>", "<bash>cat ~/n</bash>", "done <submit/>"],
+            ["I will not do it."]]):
+        extras = aenv_skyrl.setup_env_extras("aenv", dict(row), None, TrajectoryID("task-1", rep))
+        env = skyrl_gym.make("aenv", env_config={}, extras=extras)
+        assert isinstance(env, skyrl_gym.Env)
+        obs, info = env.init(prompt)
+        steps = [env.step(a) for a in actions]
+        env.close()
+        out[rep] = {"obs": obs == prompt, "sandbox": info["sandbox_id"],
+                    "steps": [{"o": s["observations"], "r": s["reward"], "d": s["done"]}
+                              for s in steps], "metrics": env.get_metrics()}
+    # The batched path: no hook, the environment joins the group of the row's uid itself.
+    env = skyrl_gym.make("aenv", env_config={}, extras=dict(row))
+    env.init(prompt)
+    out["batched"] = env.step("<bash>cat ~/n</bash>")["observations"][0]["content"]
+    env.close()
+    print(json.dumps(out))
+"""
+
+
+def test_skyrl_environment_runs_episodes_in_one_group(node: NodeProcess) -> None:
+    before, ops0 = _sandboxes(node), _rl_ops(node)
+    out = _run(node, SKYRL)
+    good, bad = out["0"], out["1"]  # type: ignore[index]
+    assert good["obs"] and bad["obs"]
+    assert [s["d"] for s in good["steps"]] == [False, False, True]
+    assert good["steps"][1]["o"] == [{"role": "user", "content": "42\n"}]
+    assert good["steps"][2]["r"] == 1.0 and good["metrics"] == {"turns": 3, "reward": 1.0}
+    assert bad["steps"] == [{"o": [], "r": 0.0, "d": True}]  # no command: graded at once
+    assert good["sandbox"] != bad["sandbox"]
+    assert out["batched"] == "41\n"  # a fresh member: the start state's ~/n
+    ops = _rl_ops(node)
+    assert _delta(ops, ops0, ("setup", "ok")) == 1  # one start state for the task
+    assert _delta(ops, ops0, ("member", "ok")) >= 3
+    assert _sandboxes(node) == before  # the process's lease ended with it
