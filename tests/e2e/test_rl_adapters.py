@@ -83,3 +83,70 @@ def test_skyrl_environment_runs_episodes_in_one_group(node: NodeProcess) -> None
     assert _delta(ops, ops0, ("setup", "ok")) == 1  # one start state for the task
     assert _delta(ops, ops0, ("member", "ok")) >= 3
     assert _sandboxes(node) == before  # the process's lease ended with it
+
+
+NEMO_GYM = """
+    import asyncio, dataclasses, json, tempfile
+    from pathlib import Path
+    from aenv.integrations.nemo_gym import AenvProvider, SandboxStatus
+
+    @dataclasses.dataclass(frozen=True)
+    class SandboxSpec:  # nemo_gym/sandbox/providers/base.py, nemo-gym 0.7.0
+        image: str | None = None
+        ttl_s: float | None = None
+        ready_timeout_s: float | None = None
+        workdir: str | None = None
+        env: dict = dataclasses.field(default_factory=dict)
+        files: dict = dataclasses.field(default_factory=dict)
+        metadata: dict = dataclasses.field(default_factory=dict)
+        resources: dict = dataclasses.field(default_factory=dict)
+        entrypoint: list | None = None
+        provider_options: dict = dataclasses.field(default_factory=dict)
+        ports: tuple = ()
+
+    async def main():
+        p = AenvProvider(template="base")  # as create_provider({"aenv": {...}}) makes it
+        out = {"name": p.name}
+        agent = await p.create(SandboxSpec(env={"V": "from-spec"}, metadata={"run": "t"}))
+        r = await p.exec(agent, "echo agent > ~/f && echo $V", timeout_s=60)
+        out["exec"] = [r.stdout, r.return_code]
+        r = await p.exec(agent, "exit 3")
+        out["exit"] = r.return_code
+        src = Path(tempfile.mkdtemp()) / "up.bin"
+        src.write_bytes(b"\\x00\\x01payload")
+        await p.upload_file(agent, src, "/tmp/up.bin")
+        await p.download_file(agent, "/tmp/up.bin", src.with_name("down.bin"))
+        out["roundtrip"] = src.with_name("down.bin").read_bytes() == src.read_bytes()
+        # The verifier's sandbox: a fork of the agent's, at the agent's state.
+        ver = await p.create(SandboxSpec(provider_options={"fork_from": agent.sandbox_id}))
+        out["fork_sees"] = (await p.exec(ver, "cat ~/f && echo v > ~/g")).stdout
+        out["agent_untouched"] = (await p.exec(agent, "ls ~/g")).return_code != 0
+        await p.pause(agent)
+        out["paused"] = (await p.status(agent)) == SandboxStatus.PAUSED
+        await p.resume(agent)
+        out["resumed"] = [(await p.status(agent)) == SandboxStatus.RUNNING,
+                          (await p.exec(agent, "cat ~/f")).stdout]
+        again = await p.connect(await p.serialize_handle(agent))
+        out["connected"] = (await p.exec(again, "cat ~/f")).stdout
+        g = [await p.create(SandboxSpec(provider_options={"group": "nemo-task"}))
+             for _ in range(2)]
+        out["group"] = len({h.sandbox_id for h in g})
+        for h in (ver, *g):
+            await p.close(h)
+        out["closed"] = (await p.status(ver)) == SandboxStatus.STOPPED
+        await p.close(ver)  # twice: nothing to do
+        print(json.dumps(out))  # the agent's sandbox is left: the lease ends it at exit
+
+    asyncio.run(main())
+"""
+
+
+def test_nemo_gym_provider_forks_the_verifier_and_pauses(node: NodeProcess) -> None:
+    before, ops0 = _sandboxes(node), _rl_ops(node)
+    out = _run(node, NEMO_GYM)
+    assert out == {"name": "aenv", "exec": ["from-spec\n", 0], "exit": 3, "roundtrip": True,
+                   "fork_sees": "agent\n", "agent_untouched": True, "paused": True,
+                   "resumed": [True, "agent\n"], "connected": "agent\n", "group": 2,
+                   "closed": True}  # fmt: skip
+    assert _delta(_rl_ops(node), ops0, ("setup", "ok")) == 1
+    assert _sandboxes(node) == before  # the process's lease ended with it

@@ -201,11 +201,19 @@ class RL:
         body: dict[str, Any] = {"count": count}
         if lease is not None:
             body["leaseID"] = lease.lease_id
-        out = self.call("POST", f"/rl/checkpoints/{step_id}/fork", body)
-        errors = [r["error"] for r in out if "error" in r]
-        if errors:
-            raise RLError(errors[0]["code"], errors[0]["message"])
-        return [r["sandbox"]["sandboxID"] for r in out]
+        return _forked(self.call("POST", f"/rl/checkpoints/{step_id}/fork", body))
+
+    def fork(self, sandbox_id: str, count: int = 1, *, timeout: int | None = None,
+             lease: Lease | None = None) -> list[str]:  # fmt: skip
+        """`count` copies of a running or paused sandbox (aenv's fork): their ids, held by
+        `lease` if given (RLError if any failed)."""
+        body: dict[str, Any] = {"count": count}
+        if timeout is not None:
+            body["timeout"] = timeout
+        ids = _forked(self.call("POST", f"/sandboxes/{sandbox_id}/fork", body))
+        for sid in ids if lease is not None else []:
+            lease.hold(sid)
+        return ids
 
     def lineage(self, some_id: str) -> dict[str, Any]:
         """The tree holding a checkpoint or a sandbox: `{root, nodes}`."""
@@ -214,6 +222,14 @@ class RL:
     def delete_checkpoint(self, step_id: str) -> dict[str, Any]:
         """The checkpoint and its subtree (checkpoints, and live sandboxes under them)."""
         return self.call("DELETE", f"/rl/checkpoints/{step_id}")
+
+
+def _forked(out: list[dict[str, Any]]) -> list[str]:
+    """The ids in a fork's answer, or RLError for its first failed child."""
+    errors = [r["error"] for r in out if "error" in r]
+    if errors:
+        raise RLError(errors[0]["code"], errors[0]["message"])
+    return [r["sandbox"]["sandboxID"] for r in out]
 
 
 _process_lock = threading.Lock()

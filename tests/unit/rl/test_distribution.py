@@ -10,7 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT_MODULES = ["aenv/rl/__init__.py", "aenv/rl/client.py", "aenv/rl/gym.py",
-                  "aenv/integrations/__init__.py", "aenv/integrations/harbor.py"]  # fmt: skip
+                  "aenv/integrations/__init__.py", "aenv/integrations/harbor.py",
+                  "aenv/integrations/nemo_gym.py", "aenv/integrations/skyrl.py"]  # fmt: skip
 ALLOWED = ("aenv.rl.client", "aenv.rl.gym", "aenv.rl")
 
 
@@ -29,5 +30,10 @@ def test_the_wheel_holds_exactly_the_client(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / ".uv/bin/uv"), "build", "--wheel", "-q",
                     str(ROOT / "clients/aenv-rl"), "-o", str(tmp_path)], check=True)  # fmt: skip
     (wheel,) = tmp_path.glob("aenv_rl-*.whl")
-    names = {n for n in zipfile.ZipFile(wheel).namelist() if not n.startswith("aenv_rl-")}
+    z = zipfile.ZipFile(wheel)
+    names = {n for n in z.namelist() if not n.startswith("aenv_rl-")}
     assert names == set(CLIENT_MODULES)
+    # NeMo Gym finds the provider by its entry point.
+    (eps,) = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert "[nemo_gym.sandbox_providers]\naenv = aenv.integrations.nemo_gym:AenvProvider" in \
+        z.read(eps).decode()
