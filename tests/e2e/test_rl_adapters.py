@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,13 @@ def test_nemo_gym_provider_forks_the_verifier_and_pauses(node: NodeProcess) -> N
                    "closed": True}  # fmt: skip
     assert _delta(_rl_ops(node), ops0, ("setup", "ok")) == 1
     assert _sandboxes(node) == before  # the process's lease ended with it
+
+
+def test_the_adapter_examples_run(node: NodeProcess) -> None:
+    before = _sandboxes(node)
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    run = "import runpy; runpy.run_path({!r}, run_name='__main__')"
+    assert _run(node, run.format(str(examples / "skyrl_env.py"))) == {"rewards": [1.0, 0.0, 0.0]}
+    assert _run(node, run.format(str(examples / "nemo_gym_provider.py"))) == {
+        "verdict": "pass", "exit_code": 0}
+    assert _sandboxes(node) == before
