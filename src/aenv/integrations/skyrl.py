@@ -31,20 +31,17 @@ the generator (`generate_batched`) calls no hook: the environment joins itself.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from skyrl_gym import register as _register
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from aenv.rl.client import Setup, command_output, process_lease
+from aenv.rl.client import Setup, command_of, command_output, process_lease
 
 ENV_ID = "aenv"
 KEY_EXTRA = "aenv_key"  # set by the hook: the trajectory's instance id
 SANDBOX_EXTRA = "aenv_sandbox_id"  # set by the hook: the member joined for it
 MAX_OBSERVATION = 16384
-_BASH = re.compile(r"<bash>(.*?)</bash>|```(?:bash|sh)\n(.*?)```", re.S)
-_SUBMIT = re.compile(r"<submit\s*/?>")
 
 
 def register() -> None:
@@ -53,15 +50,6 @@ def register() -> None:
 
     if ENV_ID not in registry:
         _register(id=ENV_ID, entry_point="aenv.integrations.skyrl:AenvTextEnv")
-
-
-def command_of(action: str) -> str | None:
-    """The command an action asks for: its last <bash> block; None to end the episode."""
-    if _SUBMIT.search(action):
-        return None
-    found = [a or b for a, b in _BASH.findall(action)]
-    cmd = found[-1].strip() if found else ""
-    return cmd or None
 
 
 def _join(extras: dict[str, Any], key: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import base64
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,6 +249,20 @@ def process_lease() -> Lease:
             _process_lease = RL().lease(lease_s)
             atexit.register(_process_lease.close)
         return _process_lease
+
+
+_BASH = re.compile(r"<bash>(.*?)</bash>|```(?:bash|sh)\n(.*?)```", re.S)
+_SUBMIT = re.compile(r"<submit\s*/?>")
+
+
+def command_of(text: str) -> str | None:
+    """The command a model's text asks for: its last <bash>...</bash> (or ```bash fence);
+    None (no command, or <submit/>) to end the episode. The adapters' convention."""
+    if _SUBMIT.search(text):
+        return None
+    found = [a or b for a, b in _BASH.findall(text)]
+    cmd = found[-1].strip() if found else ""
+    return cmd or None
 
 
 def command_output(sandbox: Any, cmd: str, timeout: float) -> tuple[str, int]:

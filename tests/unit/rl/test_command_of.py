@@ -1,10 +1,10 @@
-"""What a SkyRL action asks of the sandbox (aenv.integrations.skyrl.command_of)."""
+"""What a model's text asks of the sandbox (aenv.rl.client.command_of, the adapters' convention)."""
 
 from __future__ import annotations
 
 import pytest
 
-from aenv.integrations.skyrl import command_of
+from aenv.rl.client import command_of
 
 
 @pytest.mark.parametrize(("action", "want"), [
