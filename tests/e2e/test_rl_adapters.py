@@ -160,4 +160,5 @@ def test_the_adapter_examples_run(node: NodeProcess) -> None:
     assert _run(node, run.format(str(examples / "skyrl_env.py"))) == {"rewards": [1.0, 0.0, 0.0]}
     assert _run(node, run.format(str(examples / "nemo_gym_provider.py"))) == {
         "verdict": "pass", "exit_code": 0}
+    assert _run(node, run.format(str(examples / "verl_sandbox_fusion.py"))) == {"score": 1.0}
     assert _sandboxes(node) == before

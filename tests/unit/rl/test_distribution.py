@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT_MODULES = ["aenv/rl/__init__.py", "aenv/rl/client.py", "aenv/rl/gym.py",
                   "aenv/integrations/__init__.py", "aenv/integrations/harbor.py",
-                  "aenv/integrations/nemo_gym.py", "aenv/integrations/skyrl.py"]  # fmt: skip
+                  "aenv/integrations/nemo_gym.py", "aenv/integrations/skyrl.py",
+                  "aenv/integrations/verl.py"]  # fmt: skip
 ALLOWED = ("aenv.rl.client", "aenv.rl.gym", "aenv.rl")
 
 
