@@ -33,6 +33,7 @@ from tests.support.tls import make_certs
 
 from .conftest import API_KEY, NodeProcess, running_node, sdk_pointed_at
 from .scenarios import async_sdk_scenario, js_sdk_scenario, sync_sdk_scenario
+from .test_rl import sigkilled_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -139,6 +140,13 @@ def test_one_group_key_through_two_gateways_makes_one_group(cluster: Cluster) ->
     assert call("DELETE", 1, f"/rl/leases/{docs[0]['lease']['leaseID']}").status_code == 204
     for m in members:
         assert call("GET", 0, f"/sandboxes/{m}").status_code == 404
+
+
+@pytest.mark.long
+def test_a_sigkilled_trainers_sixty_members_go_through_a_gateway(cluster: Cluster) -> None:
+    gone = sigkilled_fleet(cluster.gateways[0].origin, cluster.nodes, 4, 15, 10)
+    print(f"4 x 15 members gone {gone:.1f} s after the trainer died (lease_s 10)")
+    assert gone < 10 + 5, f"4 x 15 members gone {gone:.1f} s after the trainer died"
 
 
 def test_the_async_scenario_runs_through_the_load_balancer(cluster: Cluster) -> None:

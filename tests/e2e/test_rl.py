@@ -229,6 +229,52 @@ def test_a_sigkilled_trainers_lease_lapses_and_its_group_goes(node: NodeProcess)
         assert r.status_code == 404 and r.json()["code"] == 404
 
 
+FLEET = """
+import sys, time
+from aenv.rl import RL
+url, key, lease_s, groups, members = sys.argv[1:]
+lease = RL(url, key).lease(float(lease_s))
+for k in range(int(groups)):  # n ahead: the group's members, the first join taking one
+    lease.join(f"fleet-{k}", template="base", n=int(members))
+print(lease.lease_id, flush=True)
+time.sleep(3600)
+"""
+
+
+def sigkilled_fleet(origin: str, nodes: list[NodeProcess], groups: int, members: int,
+                    lease_s: float) -> float:  # fmt: skip
+    """A trainer at `origin` (a node or a gateway) makes `groups` x `members` members under
+    one lease and is SIGKILLed: how long until no node holds any of it, by the census (no
+    VMM, slot or file but what a node holds by design)."""
+    def held() -> int:
+        return sum(len(_sandboxes(n)) for n in nodes)
+
+    before = held()
+    proc = subprocess.Popen([sys.executable, "-c", FLEET, origin, API_KEY, str(lease_s),
+                             str(groups), str(members)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("lease-")
+        assert held() - before == groups * members
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    t0 = time.monotonic()
+    while held() > before or any(
+            census.problems(n.env["AENV_INSTANCE"], allow=census.STOPPED_NODE_KINDS)
+            for n in nodes):  # fmt: skip
+        assert time.monotonic() - t0 < lease_s + 5 + 30, "the fleet outlived its lease"
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+@pytest.mark.long
+def test_a_sigkilled_trainers_sixty_members_go_within_the_lease(node: NodeProcess) -> None:
+    gone = sigkilled_fleet(node.origin, [node], 4, 15, 10)
+    print(f"4 x 15 members gone {gone:.1f} s after the trainer died (lease_s 10)")
+    assert gone < 10 + 5, f"4 x 15 members gone {gone:.1f} s after the trainer died"
+
+
 def test_bad_rl_requests_get_clear_errors(node: NodeProcess) -> None:
     dirs = _snapshot_dirs()
     with node.api() as c:

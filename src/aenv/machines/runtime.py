@@ -561,6 +561,8 @@ class Runtime(Pausing, Cloning, Adopting):
         try:
             async with gate:
                 await self.push_init(m, init)
+        except asyncio.CancelledError:  # the VM is being stopped: its /init goes with it
+            raise
         except BaseException as e:
             log_event(log, "sandbox.init_failed", logging.WARNING, sandbox_id=m.name,
                       error=repr(e))  # fmt: skip
