@@ -226,6 +226,8 @@ def main() -> None:
           f"{t['freed_fs'] / 2**20:.1f} MiB by statvfs) of the {t['held'] / 2**20:.1f} MiB "
           f"only they held ({100 * t['freed'] / max(1, t['held']):.0f} %)")
     print(f"\nnode log: {log}")
+    if t["leaves_ok"] != t["leaves"] or t["nodes"] != 40:
+        sys.exit("the tree is wrong: see above")
 
 
 if __name__ == "__main__":

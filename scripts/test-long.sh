@@ -20,6 +20,11 @@ census_baseline
 phase long          pyt long tests -m long
 # The overcommit mix (issue 30): 32 sandboxes at 10x; fails on lost state or an OOM kill.
 phase overcommit    .venv/bin/python bench/overcommit.py --minutes 2
+# The RL plane (issue 32): the 4 x 8 GRPO step with the light fixture (the heavy one, ~20 min
+# under TCG: bench/rl.py --fixtures heavy), then checkpoints, rollback and the 40-node tree
+# (it fails on a leaf whose files are not its root-to-leaf writes).
+phase rl-group      .venv/bin/python bench/rl.py --fixtures light --evals 3
+phase rl-tree       .venv/bin/python bench/rl_checkpoints.py
 # --tls: E2B_DOMAIN alone, as against E2B (the host-routing, ping and byoc-domain tests
 # build their URLs from it; docs/testing.md).
 phase sdk-sandbox   sdk_suite sdk-tests.sh -- --tls
