@@ -61,6 +61,28 @@ class ClusterConfig(BaseModel):
     # A node absent this long (no member record) is forgotten: its bindings and reservation
     # go, but those of sandboxes whose paused state is published (cluster/forgetting.py).
     forget_lost_after_s: int = Field(3600, ge=60)
+    # The link to etcd (cluster/etcd.py, docs/cluster.md "etcd"): https endpoints verified
+    # against this CA, a client certificate, and etcd's own users. Off this host it must be
+    # https with one of them, unless etcd_insecure says otherwise (logged at every start).
+    etcd_ca_file: Path | None = None
+    etcd_cert_file: Path | None = None
+    etcd_key_file: Path | None = None
+    etcd_user: str = ""
+    etcd_password: str = ""
+    etcd_insecure: bool = False
+
+    @model_validator(mode="after")
+    def _etcd_pairs(self) -> ClusterConfig:
+        for a, b in (("etcd_cert_file", "etcd_key_file"), ("etcd_user", "etcd_password")):
+            if bool(getattr(self, a)) != bool(getattr(self, b)):
+                raise PydanticCustomError("together", "must be set together",
+                                          {"fields": (a, b)})  # fmt: skip
+        return self
+
+    @field_validator("etcd_ca_file", "etcd_cert_file", "etcd_key_file", mode="after")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return v.expanduser().absolute() if v is not None else None
 
 
 class StoreConfig(BaseModel):
@@ -401,6 +423,12 @@ _CLUSTER_ENV = {
     "CLUSTER_TOKEN": "token",
     "GATEWAY_PORT": "gateway_port",
     "CLUSTER_FORGET_LOST_AFTER_S": "forget_lost_after_s",
+    "ETCD_CA_FILE": "etcd_ca_file",
+    "ETCD_CERT_FILE": "etcd_cert_file",
+    "ETCD_KEY_FILE": "etcd_key_file",
+    "ETCD_USER": "etcd_user",
+    "ETCD_PASSWORD": "etcd_password",
+    "ETCD_INSECURE": "etcd_insecure",
 }
 
 _NETWORK_ENV = {

@@ -134,8 +134,8 @@ class Explainer:
     def line(self, error: Mapping[str, Any]) -> str:
         loc: Loc = tuple(error.get("loc") or ())
         fields = (error.get("ctx") or {}).get("fields")
-        if not loc and fields:  # a rule about several settings (a model validator's)
-            return self._together(error, [tuple(f.split(".")) for f in fields])
+        if fields:  # a rule about several settings (a model validator's, maybe a section's)
+            return self._together(error, [loc + tuple(f.split(".")) for f in fields])
         secret = is_secret(loc)
         why = rule(error, toml_key(loc))
         if secret and isinstance(error.get("input"), str) and error["input"]:

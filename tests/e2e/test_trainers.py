@@ -61,24 +61,33 @@ def debian(seeded: Seeded) -> str:
     return ref
 
 
-def _harbor_task(root: Path, image: str) -> Path:
-    task = root / "greeting"
+def _harbor_task(root: Path, image: str, separate: bool = False) -> Path:
+    """Harbor's task: the greeting copied to /app/answer.txt. `separate`: the verifier runs
+    in a sandbox of its own (a fresh copy of the environment), the answer reaching it as an
+    artifact; it checks it got a fresh copy (no /app/answer.txt there)."""
+    task = root / ("greeting-separate" if separate else "greeting")
     for d in ("environment", "solution", "tests"):
         (task / d).mkdir(parents=True)
     (task / "instruction.md").write_text("Write the greeting in /app/data.txt to "
                                          "/app/answer.txt.\n")  # fmt: skip
     (task / "task.toml").write_text(
-        'schema_version = "1.4"\n[agent]\ntimeout_sec = 600.0\n[verifier]\ntimeout_sec = 600.0\n'
-        "[environment]\nbuild_timeout_sec = 1800.0\ncpus = 1\nmemory_mb = 512\n")
+        'schema_version = "1.4"\n'
+        + ('artifacts = [{source = "/app/answer.txt", destination = "answer.txt"}]\n'
+           if separate else "")
+        + '[agent]\ntimeout_sec = 600.0\n[verifier]\ntimeout_sec = 600.0\n'
+        + ('environment_mode = "separate"\n' if separate else "")
+        + "[environment]\nbuild_timeout_sec = 1800.0\ncpus = 1\nmemory_mb = 512\n")
+    answer = "/logs/artifacts/answer.txt" if separate else "/app/answer.txt"
+    fresh = " && [ ! -e /app/answer.txt ]" if separate else ""
     (task / "environment/data.txt").write_text("hello from the context\n")
     (task / "environment/Dockerfile").write_text(
         f"FROM {image}\nENV GREETING=hello\nWORKDIR /app\nCOPY data.txt /app/data.txt\n"
         "RUN echo built > /app/built.txt\n")
     for path, body in (
         ("solution/solve.sh", "cat /app/data.txt > /app/answer.txt\n"),
-        ("tests/test.sh", 'mkdir -p /logs/verifier\nif [ "$(cat /app/answer.txt)" = '
+        ("tests/test.sh", f'mkdir -p /logs/verifier\nif [ "$(cat {answer})" = '
                           '"hello from the context" ] && [ "$GREETING" = hello ] && '
-                          '[ -f /app/built.txt ]; then echo 1; else echo 0; fi '
+                          f'[ -f /app/built.txt ]{fresh}; then echo 1; else echo 0; fi '
                           "> /logs/verifier/reward.txt\n"),
     ):  # fmt: skip
         (task / path).write_text("#!/bin/sh\n" + body)
@@ -135,10 +144,8 @@ def _rl_ops(node: NodeProcess) -> dict[str, float]:
         r'^aenv_rl_ops_total\{op="(\w+)",outcome="(\w+)"\} ([0-9.e+]+)$', text, re.M)}
 
 
-def test_harbor_026_with_aenvs_environment_forks_every_trial(node: NodeProcess, debian: str,
-                                                            tmp_path: Path) -> None:
-    """issue 32: `-e aenv.integrations.harbor:AenvEnvironment` (the `aenv-rl` wheel,
-    installed in Harbor's own venv): one start state per task, every trial a fork of it."""
+def _harbor_with_aenv_rl(tmp_path: Path) -> Path:
+    """Harbor 0.26's venv with the `aenv-rl` wheel of this checkout installed in it."""
     venv = _venv("harbor-0.26", PY312, "harbor[e2b]==0.26.0")
     wheels = tmp_path / "wheels"
     subprocess.run([str(UV), "build", "--wheel", str(ROOT / "clients/aenv-rl"), "-o",
@@ -146,6 +153,14 @@ def test_harbor_026_with_aenvs_environment_forks_every_trial(node: NodeProcess, 
     subprocess.run([str(UV), "pip", "install", "--python", str(venv / "bin/python"),
                     "--no-deps", "--reinstall", *map(str, wheels.glob("*.whl"))],
                    check=True, capture_output=True)  # fmt: skip
+    return venv
+
+
+def test_harbor_026_with_aenvs_environment_forks_every_trial(node: NodeProcess, debian: str,
+                                                            tmp_path: Path) -> None:
+    """issue 32: `-e aenv.integrations.harbor:AenvEnvironment` (the `aenv-rl` wheel,
+    installed in Harbor's own venv): one start state per task, every trial a fork of it."""
+    venv = _harbor_with_aenv_rl(tmp_path)
     task = _harbor_task(tmp_path, debian)
     before = _rl_ops(node)
     t0 = time.monotonic()
@@ -157,6 +172,24 @@ def test_harbor_026_with_aenvs_environment_forks_every_trial(node: NodeProcess, 
     assert after.get("setup/ok", 0) - before.get("setup/ok", 0) == 1
     assert after.get("member/ok", 0) - before.get("member/ok", 0) == 8
     with node.api() as c:  # harbor's process ended: its lease, and the start state, with it
+        assert c.get("/v2/sandboxes").json() == []
+
+
+def test_harbor_026_separate_verifier_with_aenvs_environment(node: NodeProcess, debian: str,
+                                                             tmp_path: Path) -> None:
+    """issue 32: Harbor's `separate` verifier mode with AenvEnvironment: the verifier's
+    sandbox is a fork of the task's pristine start state (as `evaluate` from a snapshot),
+    the agent's answer reaching it as an artifact."""
+    venv = _harbor_with_aenv_rl(tmp_path)
+    task = _harbor_task(tmp_path, debian, separate=True)
+    before = _rl_ops(node)
+    rewards = _harbor_run(venv, node, task, tmp_path / "jobs", 2,
+                          "aenv.integrations.harbor:AenvEnvironment")  # fmt: skip
+    assert rewards == [1.0, 1.0]
+    after = _rl_ops(node)
+    assert after.get("setup/ok", 0) - before.get("setup/ok", 0) == 1  # one start state
+    assert after.get("member/ok", 0) - before.get("member/ok", 0) == 4  # 2 agents, 2 verifiers
+    with node.api() as c:
         assert c.get("/v2/sandboxes").json() == []
 
 

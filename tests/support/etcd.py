@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.tls import MutualCerts
+
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
 
@@ -35,14 +37,20 @@ class Member:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
 
+    tls: MutualCerts | None = None
+    extra: tuple[str, ...] = ()
+
     def argv(self, cluster: str, state: str) -> list[str]:
+        tls = [] if self.tls is None else [
+            "--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
+            "--client-cert-auth", "--trusted-ca-file", str(self.tls.ca)]  # fmt: skip
         return [
             ETCD, "--name", self.name, "--data-dir", str(self.data_dir),
             "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", cluster, "--initial-cluster-state", state,
             "--initial-cluster-token", "aenv-test", "--heartbeat-interval", "50",
-            "--election-timeout", "500", "--log-level", "warn",
+            "--election-timeout", "500", "--log-level", "warn", *tls, *self.extra,
         ]  # fmt: skip
 
     def start(self, cluster: str, state: str = "new") -> None:
@@ -69,6 +77,12 @@ class Member:
 @dataclass
 class EtcdCluster:
     members: list[Member]
+    tls: MutualCerts | None = None
+    client_cn: str = "aenv"  # whose certificate probes present
+
+    def verify(self) -> object:
+        """What httpx needs to reach a member (its client certificate under TLS)."""
+        return True if self.tls is None else self.tls.client_context(self.client_cn)
 
     @property
     def endpoints(self) -> list[str]:
@@ -83,7 +97,8 @@ class EtcdCluster:
         for m in members or self.members:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(m.client_url + "/health", timeout=1).json().get(
+                    if httpx.get(m.client_url + "/health", timeout=1,
+                                 verify=self.verify()).json().get(  # type: ignore[arg-type]
                             "health") == "true":
                         break
                 if m.proc is not None and m.proc.poll() is not None:
@@ -99,14 +114,18 @@ class EtcdCluster:
 
 
 @contextlib.contextmanager
-def etcd_cluster(size: int = 1) -> Iterator[EtcdCluster]:
+def etcd_cluster(size: int = 1, tls: MutualCerts | None = None,
+                 extra: tuple[str, ...] = ()) -> Iterator[EtcdCluster]:
+    """`tls`: clients on https, with client certificates required (--client-cert-auth);
+    `extra`: more etcd flags (--auth-token-ttl ...)."""
     root = Path(tempfile.mkdtemp(prefix="aenvt-etcd-"))
+    scheme = "http" if tls is None else "https"
     members = [
-        Member(f"m{i}", f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}",
-               root / f"m{i}", root / f"m{i}.log")
+        Member(f"m{i}", f"{scheme}://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}",
+               root / f"m{i}", root / f"m{i}.log", tls=tls, extra=extra)
         for i in range(size)
     ]  # fmt: skip
-    cluster = EtcdCluster(members)
+    cluster = EtcdCluster(members, tls)
     try:
         for m in members:
             m.start(cluster.initial_cluster)

@@ -47,3 +47,44 @@ def make_certs(where: Path, domain: str) -> Certs:
              "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext",
              cwd=where)  # fmt: skip
     return Certs(where / "ca.pem", where / "server.pem", where / "server.key")
+
+
+@dataclass(frozen=True)
+class MutualCerts:
+    """A CA, a server certificate for 127.0.0.1 and localhost (also usable by a peer), and
+    client certificates by common name: what an operator gives etcd and its clients."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    clients: dict[str, tuple[Path, Path]]  # CN -> (certificate, key)
+
+    def client_context(self, cn: str) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        cert, key = self.clients[cn]
+        ctx.load_cert_chain(str(cert), str(key))
+        return ctx
+
+
+def make_mutual_certs(where: Path, clients: tuple[str, ...] = ("aenv",)) -> MutualCerts:
+    where.mkdir(parents=True, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=aenv test cluster CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=where)  # fmt: skip
+
+    def issue(name: str, cn: str, ext: str) -> tuple[Path, Path]:
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={cn}", cwd=where)  # fmt: skip
+        (where / f"{name}.ext").write_text(ext)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile",
+                 f"{name}.ext", cwd=where)  # fmt: skip
+        return where / f"{name}.pem", where / f"{name}.key"
+
+    leaf = "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+    server = issue("server", "127.0.0.1", leaf + "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                   "extendedKeyUsage=serverAuth,clientAuth\n")
+    made = {cn: issue(f"client-{cn}", cn, leaf + "extendedKeyUsage=clientAuth\n")
+            for cn in clients}  # fmt: skip
+    return MutualCerts(where / "ca.pem", *server, made)

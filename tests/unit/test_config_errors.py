@@ -222,6 +222,14 @@ def test_settings_that_go_together_name_both(tmp_path: Path) -> None:
         f"AENV_TLS_CERT_FILE (not set) and tls_key_file in {f} ('/k.pem'): must be set together"
 
 
+def test_settings_of_a_section_that_go_together_name_both_and_hide_secrets() -> None:
+    assert _error(env={"AENV_ETCD_PASSWORD": "hunter2"}) == (
+        "AENV_ETCD_USER (not set) and AENV_ETCD_PASSWORD ((value hidden)): must be set "
+        "together")
+    assert _error(env={"AENV_ETCD_CERT_FILE": "/c.pem"}) == \
+        "AENV_ETCD_CERT_FILE ('/c.pem') and AENV_ETCD_KEY_FILE (not set): must be set together"
+
+
 def test_flags_are_named_as_flags() -> None:
     assert _error(env={}, port="x") == "--port: 'x' must be an integer"
 

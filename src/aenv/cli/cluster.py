@@ -35,7 +35,7 @@ def _with_etcd(etcd: str | None, config: Path | None,
                fn: Callable[[Etcd, Config], Awaitable[T]]) -> T:  # fmt: skip
     """Run `fn` with a client of the cluster's etcd; one line and exit 1 if unreachable."""
     from aenv import config as aenv_config
-    from aenv.cluster.etcd import Etcd, EtcdError
+    from aenv.cluster.etcd import Etcd, EtcdError, EtcdSecurity
 
     cfg = aenv_config.load(config)
     endpoints = [e.strip() for e in etcd.split(",") if e.strip()] if etcd else \
@@ -44,7 +44,7 @@ def _with_etcd(etcd: str | None, config: Path | None,
         raise CliError("no etcd endpoints: pass --etcd or set cluster.etcd_endpoints")
 
     async def run() -> T:
-        client = Etcd(endpoints)
+        client = Etcd(endpoints, security=EtcdSecurity.of(cfg.cluster))
         try:
             return await fn(client, cfg)
         finally:

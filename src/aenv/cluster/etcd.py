@@ -17,13 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
+import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
+
+if TYPE_CHECKING:
+    from aenv.config import ClusterConfig
+
+log = logging.getLogger("aenv.cluster")
 
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 5.0
@@ -38,6 +48,77 @@ class EtcdError(Exception):
 
 class EtcdUnavailable(EtcdError):
     """No endpoint could be reached, or the cluster has no leader."""
+
+
+class EtcdRefused(EtcdError):
+    """The link to etcd is not what this configuration allows (plain text off this host, no
+    authentication, a certificate that does not verify): one line saying why."""
+
+
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """How aenv reaches etcd: TLS (the CA that signs etcd's certificate, and a client
+    certificate for etcd's --client-cert-auth) and etcd's own users (a token asked with the
+    password, asked again when etcd no longer takes it)."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    user: str = ""
+    password: str = ""
+    insecure: bool = False  # plain text off this host, or no authentication, allowed
+
+    @classmethod
+    def of(cls, c: ClusterConfig) -> EtcdSecurity:
+        return cls(c.etcd_ca_file, c.etcd_cert_file, c.etcd_key_file, c.etcd_user,
+                   c.etcd_password, c.etcd_insecure)  # fmt: skip
+
+    @property
+    def authenticated(self) -> bool:
+        return self.cert_file is not None or bool(self.user)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        if self.cert_file is not None:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return ctx
+
+    def check(self, endpoints: Sequence[str]) -> None:
+        """EtcdRefused for an endpoint off this host without authentication (unless
+        `insecure`: then a warning); a warning for one off this host over plain HTTP."""
+        for e in endpoints:
+            u = urlsplit(e)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise EtcdRefused(f"etcd endpoint {e!r} is not an http(s)://host:port URL")
+            if _loopback(u.hostname):
+                continue
+            if not self.authenticated:
+                if not self.insecure:
+                    raise EtcdRefused(
+                        f"etcd endpoint {e} is not on this host and aenv has no credential "
+                        "for it: give cluster.etcd_cert_file (with https:// and "
+                        "etcd_ca_file) or etcd_user, or set cluster.etcd_insecure")
+                log.warning("etcd endpoint %s: no authentication (cluster.etcd_insecure): "
+                            "anyone who reaches it reads and writes the cluster's state", e)
+            if u.scheme == "http":
+                log.warning("etcd endpoint %s is plain HTTP: what crosses the link (bindings, "
+                            "sealed secrets, team key digests, credentials) is readable on "
+                            "the network; use https:// with cluster.etcd_ca_file", e)
+
+    def protects(self, endpoints: Sequence[str]) -> bool:
+        """Whether what is written to etcd stays between this host and etcd: every endpoint
+        on this host, or reached over https with authentication."""
+        return all(_loopback(urlsplit(e).hostname or "") or
+                   (e.startswith("https:") and self.authenticated) for e in endpoints)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _b64(data: bytes | str) -> str:
@@ -137,17 +218,49 @@ class Etcd:
     """An async client of one etcd cluster (see the module docstring)."""
 
     def __init__(self, endpoints: Sequence[str], *, timeout_s: float = REQUEST_TIMEOUT_S,
-                 retry_s: float = RETRY_S) -> None:
+                 retry_s: float = RETRY_S, security: EtcdSecurity | None = None) -> None:
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint")
+        self.security = security or EtcdSecurity()
+        self.security.check(endpoints)
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.retry_s = retry_s
+        tls = any(e.startswith("https:") for e in self.endpoints)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), trust_env=False,
+            verify=self.security.ssl_context() if tls else True,
         )  # fmt: skip
+        self._token: str | None = None  # etcd's auth token, for `security.user`
+        self._token_lock = asyncio.Lock()
+
+    @classmethod
+    def of(cls, c: ClusterConfig) -> Etcd:
+        """The client a node, a gateway or the CLI uses: the configured endpoints, over the
+        configured link (EtcdRefused if it is not allowed)."""
+        return cls(c.etcd_endpoints, security=EtcdSecurity.of(c))
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def _authenticate(self, stale: str | None) -> str:
+        """etcd's token for the user (asked again when `stale` is the one it refused)."""
+        async with self._token_lock:
+            if self._token is None or self._token == stale:
+                sec = self.security
+                try:
+                    out = await self._post_once("/v3/auth/authenticate",
+                                                {"name": sec.user, "password": sec.password},
+                                                auth=False)  # fmt: skip
+                except EtcdError as e:
+                    if "not enabled" in str(e) and not sec.insecure:
+                        raise EtcdRefused("etcd has authentication off (an etcd user is "
+                                          "configured): enable it, or set "
+                                          "cluster.etcd_insecure") from None
+                    if "not enabled" in str(e):
+                        return ""
+                    raise EtcdRefused(f"etcd refused user {sec.user!r}: {e}") from None
+                self._token = str(out.get("token", ""))
+            return self._token
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         deadline = time.monotonic() + self.retry_s
@@ -155,23 +268,44 @@ class Etcd:
         while True:
             try:
                 return await self._post_once(path, body)
+            except _TokenRefused as e:  # expired (or etcd restarted): a new one, once
+                await self._authenticate(e.token)
+                return await self._post_once(path, body)
             except EtcdUnavailable:
                 if time.monotonic() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
-    async def _post_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _headers(self) -> dict[str, str]:
+        if not self.security.user:
+            return {}
+        token = self._token if self._token is not None else await self._authenticate(None)
+        return {"Authorization": token} if token else {}
+
+    async def _post_once(self, path: str, body: dict[str, Any], *,
+                         auth: bool = True) -> dict[str, Any]:  # fmt: skip
         last: Exception | None = None
+        headers = await self._headers() if auth else {}
         for i, base in enumerate(list(self.endpoints)):
             try:
-                r = await self._http.post(base + path, json=body)
+                r = await self._http.post(base + path, json=body, headers=headers)
+            except httpx.ConnectError as e:
+                if isinstance(e.__cause__, ssl.SSLError) or "CERTIFICATE" in str(e).upper():
+                    raise EtcdRefused(f"etcd at {base}: TLS failed: {e}") from None
+                last = e
+                continue
             except httpx.TransportError as e:
                 last = e
                 continue
             if i:  # this one answered: ask it first next time
                 self.endpoints.insert(0, self.endpoints.pop(i))
-            return _answer(r)
+            try:
+                return _answer(r)
+            except EtcdError as e:
+                if headers and "invalid auth token" in str(e):
+                    raise _TokenRefused(headers["Authorization"]) from None
+                raise
         raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): {last}")
 
     # -- keys ----------------------------------------------------------------------------
@@ -230,12 +364,20 @@ class Etcd:
         body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
                                    "start_revision": str(start_revision)}}
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        headers = await self._headers()
         for base in list(self.endpoints):
             try:
                 async with self._http.stream("POST", base + "/v3/watch", json=body,
-                                             timeout=timeout) as r:
+                                             headers=headers, timeout=timeout) as r:
                     if r.status_code != 200:
-                        _answer(httpx.Response(r.status_code, content=await r.aread()))
+                        try:
+                            _answer(httpx.Response(r.status_code, content=await r.aread()))
+                        except EtcdError as e:
+                            if "invalid auth token" not in str(e):
+                                raise
+                            await self._authenticate(headers.get("Authorization"))
+                            raise EtcdUnavailable("the auth token expired: watch "
+                                                  "again") from None
                     async for line in r.aiter_lines():
                         for ev in _watch_events(line):
                             yield ev
@@ -243,6 +385,12 @@ class Etcd:
             except httpx.TransportError:
                 continue
         raise EtcdUnavailable("no etcd endpoint took the watch")
+
+
+class _TokenRefused(EtcdError):
+    def __init__(self, token: str) -> None:
+        super().__init__("etcd refused the auth token")
+        self.token = token
 
 
 def _watch_events(line: str) -> list[WatchEvent]:

@@ -68,7 +68,7 @@ class NodeMembership:
         # Fixed for the process: the guest side it would build or restore with.
         self._kernel = kernel_cache_key()
         self._tools = tools_key()
-        self.etcd = Etcd(cfg.cluster.etcd_endpoints)
+        self.etcd = Etcd.of(cfg.cluster)
         self.registration = Registration(self.etcd, cfg.cluster.prefix, self.record,
                                          ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
         self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held,

@@ -75,6 +75,12 @@ class EtcdSecrets:
         others adopt it. SecretsKeyMismatch if an explicit key is not the cluster's. The
         cluster's key is then `key`."""
         if not explicit:
+            if not self._etcd.security.protects(self._etcd.endpoints):  # etcd_insecure too
+                raise SecretsKeyMismatch(
+                    "no secrets_key_file, and etcd is reached without TLS and "
+                    "authentication: the cluster's secrets key would cross the network in "
+                    "the clear; give every node the same secrets_key_file, or secure the "
+                    "etcd link (docs/cluster.md)")
             key = self._p + "key"
             await self._etcd.txn([compare_version(key, "EQUAL", 0)],
                                  [put_op(key, base64.b64encode(local_key))])  # fmt: skip

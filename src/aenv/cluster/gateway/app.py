@@ -35,7 +35,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 import aenv
-from aenv.api.auth import api_key_path
 from aenv.api.lifespan import lifespan
 from aenv.api.proxy import UNAUTHORIZED, Target, not_found_body
 from aenv.api.relay import (
@@ -53,7 +52,7 @@ from aenv.api.relay import (
 from aenv.api.upstream import UpstreamPool
 from aenv.cluster import placement, wire
 from aenv.cluster.etcd import Etcd, EtcdError
-from aenv.cluster.gateway import callers, client, lists, orphans, routing
+from aenv.cluster.gateway import callers, client, lists, orphans, routing, settings
 from aenv.cluster.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.cluster.gateway.idempotency import Claim, Idempotency, KeyReused
 from aenv.cluster.gateway.nodes import (
@@ -103,10 +102,6 @@ _DATA_DROP = _CONTROL_DROP | {
 }
 
 
-class GatewayConfigError(Exception):
-    pass
-
-
 def _parse_binding(raw: bytes) -> Binding | None:
     try:
         return Binding.model_validate_json(raw)
@@ -141,18 +136,12 @@ class Gateway:
 
     def check_config(self) -> None:
         """GatewayConfigError (one line) if it lacks what it needs to serve."""
-        if not self.config.cluster.etcd_endpoints:
-            raise GatewayConfigError("a gateway needs cluster.etcd_endpoints "
-                                     "(AENV_ETCD_ENDPOINTS)")  # fmt: skip
-        if not self.token:
-            raise GatewayConfigError("a gateway needs the cluster token (AENV_CLUSTER_TOKEN), "
-                                     "the same as its nodes'")  # fmt: skip
-        self.api_key = self.config.api_key or _read_key(self.config)
+        self.api_key = settings.check(self.config)
 
     async def start(self) -> None:
         cfg = self.config.cluster
         self.check_config()
-        self.etcd = Etcd(cfg.etcd_endpoints)
+        self.etcd = Etcd.of(cfg)
         self.members = Members(self.etcd, self.prefix)
         self.idem = Idempotency(self.etcd, self.prefix)
         self.bindings = PrefixView(self.etcd, f"{self.prefix}bindings/", _parse_binding)
@@ -589,14 +578,3 @@ async def _release(etcd: Etcd, prefix: str, sandbox_id: str) -> None:
         await placement.release(etcd, prefix, sandbox_id)
     except (EtcdError, PlacementFailed) as e:  # the node's reconcile drops it in the end
         log.warning("releasing %s: %s", sandbox_id, e)
-
-
-def _read_key(config: Config) -> str:
-    try:
-        key = api_key_path(config).read_text().strip()
-    except FileNotFoundError:
-        key = ""
-    if not key:
-        raise GatewayConfigError("a gateway needs the cluster's API key (AENV_API_KEY, or "
-                                 f"{api_key_path(config)})")  # fmt: skip
-    return key

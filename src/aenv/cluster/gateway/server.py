@@ -10,7 +10,8 @@ import sys
 import uvicorn
 
 from aenv.api.serving import GracefulServer, listen, tls_options
-from aenv.cluster.gateway.app import Gateway, GatewayConfigError
+from aenv.cluster.gateway.app import Gateway
+from aenv.cluster.gateway.settings import GatewayConfigError
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
