@@ -47,8 +47,11 @@ def test_verls_sandbox_fusion_requests_get_sandbox_fusions_answers(node: NodePro
         "tle": verl_body("while True:\n    pass\n", None, run_timeout=2),
         "memory": verl_body("b = bytearray(1536 << 20)\nprint(len(b))", None),
         "cpp_bad": verl_body("int main( { return 0; }", None, language="cpp"),
-        "cpp": verl_body("#include <iostream>\nint main(){int a,b;std::cin>>a>>b;"
-                         "std::cout<<a+b<<std::endl;}", "2 40\n", language="cpp"),
+        # <cstdio>, not <iostream>: g++ under TCG on a busy host needs tens of seconds for
+        # the latter; verl's compile_timeout is its run timeout, a setting (60 s here).
+        "cpp": verl_body("#include <cstdio>\nint main(){int a,b;scanf(\"%d %d\",&a,&b);"
+                         "printf(\"%d\\n\",a+b);}", "2 40\n", language="cpp",
+                         compile_timeout=60),
         "files": verl_body("print(open('data/in.txt').read().upper())\n"
                            "open('out.txt', 'w').write('made')", None)
         | {"files": {"data/in.txt": base64.b64encode(b"from files").decode()},

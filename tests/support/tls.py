@@ -74,8 +74,9 @@ def make_mutual_certs(where: Path, clients: tuple[str, ...] = ("aenv",)) -> Mutu
              "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=where)  # fmt: skip
 
     def issue(name: str, cn: str, ext: str) -> tuple[Path, Path]:
+        # No CN for "": etcd's JSON gateway refuses a certificate's CN once auth is on.
         _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={cn}", cwd=where)  # fmt: skip
+                 "-subj", f"/CN={cn}" if cn else "/O=aenv", cwd=where)  # fmt: skip
         (where / f"{name}.ext").write_text(ext)
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
                  "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile",
@@ -85,6 +86,6 @@ def make_mutual_certs(where: Path, clients: tuple[str, ...] = ("aenv",)) -> Mutu
     leaf = "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
     server = issue("server", "127.0.0.1", leaf + "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
                    "extendedKeyUsage=serverAuth,clientAuth\n")
-    made = {cn: issue(f"client-{cn}", cn, leaf + "extendedKeyUsage=clientAuth\n")
-            for cn in clients}  # fmt: skip
+    made = {cn: issue(f"client-{cn or 'anonymous'}", cn,
+                      leaf + "extendedKeyUsage=clientAuth\n") for cn in clients}  # fmt: skip
     return MutualCerts(where / "ca.pem", *server, made)

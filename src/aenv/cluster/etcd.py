@@ -251,7 +251,11 @@ class Etcd:
                     out = await self._post_once("/v3/auth/authenticate",
                                                 {"name": sec.user, "password": sec.password},
                                                 auth=False)  # fmt: skip
+                except EtcdUnavailable:
+                    raise
                 except EtcdError as e:
+                    if isinstance(e, EtcdRefused):
+                        raise
                     if "not enabled" in str(e) and not sec.insecure:
                         raise EtcdRefused("etcd has authentication off (an etcd user is "
                                           "configured): enable it, or set "
@@ -290,12 +294,11 @@ class Etcd:
         for i, base in enumerate(list(self.endpoints)):
             try:
                 r = await self._http.post(base + path, json=body, headers=headers)
-            except httpx.ConnectError as e:
-                if isinstance(e.__cause__, ssl.SSLError) or "CERTIFICATE" in str(e).upper():
-                    raise EtcdRefused(f"etcd at {base}: TLS failed: {e}") from None
-                last = e
-                continue
+            except ssl.SSLError as e:  # raised as it is on some handshakes
+                raise EtcdRefused(f"etcd at {base}: TLS failed: {e}") from None
             except httpx.TransportError as e:
+                if (why := _tls_failure(e)) is not None:
+                    raise EtcdRefused(f"etcd at {base}: TLS failed: {why}") from None
                 last = e
                 continue
             if i:  # this one answered: ask it first next time
@@ -305,8 +308,21 @@ class Etcd:
             except EtcdError as e:
                 if headers and "invalid auth token" in str(e):
                     raise _TokenRefused(headers["Authorization"]) from None
+                if "CommonName of client" in str(e):
+                    raise EtcdRefused(
+                        "etcd refuses a client certificate with a common name on its JSON "
+                        "gateway once its authentication is on: give aenv a certificate "
+                        "without a CN (for TLS) and an etcd user (cluster.etcd_user)"
+                    ) from None
                 raise
-        raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): {last}")
+        hint = ""
+        if isinstance(last, httpx.ReadError | httpx.RemoteProtocolError) and \
+                any(e.startswith("https:") for e in self.endpoints):
+            hint = (" (etcd closed the TLS connection: does it require a client certificate "
+                    "(cluster.etcd_cert_file), or refuse this one?)")
+        why = str(last) or type(last).__name__
+        raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): "
+                              f"{why}{hint}")
 
     # -- keys ----------------------------------------------------------------------------
     async def get(self, key: str) -> KeyValue | None:
@@ -385,6 +401,17 @@ class Etcd:
             except httpx.TransportError:
                 continue
         raise EtcdUnavailable("no etcd endpoint took the watch")
+
+
+def _tls_failure(e: BaseException) -> str | None:
+    """What TLS refused, if that is why the request failed (a certificate that does not
+    verify, or one the server asked for and did not get: TLS 1.3 says so only on a read)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class _TokenRefused(EtcdError):
