@@ -28,7 +28,9 @@ from aenv.vmm.qemu import QemuVm, host_tsc_khz
 # A fork's snapshot is transient: it lives only while its children are restored.
 FORK_PREFIX = "fork-"
 AGENT_BOOT_TIMEOUT = 180.0  # a cold boot under TCG: kernel ~1 s, Python agent start far more
-AGENT_INIT_TIMEOUT = 10.0
+# A restored guest's first request: its QEMU translates the agent's code afresh under TCG,
+# next to a burst of others (64 creates at once on 2 cores passed 10 s).
+AGENT_INIT_TIMEOUT = 20.0
 # An /init answered later than this set a clock that was already behind: send it again.
 CLOCK_RESYNC_S = 0.2
 # Adopting a VM after a node restart: a running guest answers at once, but one a save left
@@ -93,7 +95,7 @@ class Machine:
     # Connections to the agent live and die with this VM: a slot address is reused by the
     # next VM, and a kept-alive connection to the previous guest would hang.
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(
-        timeout=httpx.Timeout(AGENT_INIT_TIMEOUT, connect=1.0)))
+        timeout=httpx.Timeout(10.0, connect=1.0)))
     # Set before the node itself ends the VMM (kill, pause, shutdown, a failed start): its
     # exit is then expected. A VMM that exits without it died on its own (`exited`).
     stopping: bool = False

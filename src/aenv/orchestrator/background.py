@@ -20,6 +20,10 @@ log = logging.getLogger("aenv.orchestrator")
 
 # One agent /metrics call may take this long before the sample is skipped.
 SAMPLE_TIMEOUT_S = 2.0
+# Agents asked at once per round: under TCG an agent's first /metrics after a restore costs
+# seconds of CPU (its code is translated afresh), and 64 at once starved the /init of the
+# sandboxes a burst was still starting.
+SAMPLES_AT_ONCE = 4
 # Samples older than this are dropped.
 METRICS_RETENTION_S = 3600
 LOGS_PRUNE_EVERY_S = 60.0
@@ -87,7 +91,7 @@ async def metrics_sampler(orch: Node) -> None:
             ids = [r.sandbox_id for r in orch.routes]
             orch.reachability.keep_only(ids)
             if ids:
-                await asyncio.gather(*(orch.sample(sid) for sid in ids))
+                await _sample_all(orch, ids)
             await memory_pressure.measure(orch)
             orch.store.prune_metrics(orch.now_us() - METRICS_RETENTION_S * 1_000_000)
             if orch.logs is not None:  # the sandbox logs' queue, written here too
@@ -99,6 +103,16 @@ async def metrics_sampler(orch: Node) -> None:
             log.exception("metrics.sample_failed")
         else:
             log_event(log, "metrics.sampled", logging.DEBUG, sandboxes=len(ids))
+
+
+async def _sample_all(orch: Node, ids: list[str]) -> None:
+    at_once = asyncio.Semaphore(SAMPLES_AT_ONCE)
+
+    async def one(sid: str) -> None:
+        async with at_once:
+            await orch.sample(sid)
+
+    await asyncio.gather(*(one(sid) for sid in ids))
 
 
 async def idle_reclaimer(orch: Node) -> None:
