@@ -34,6 +34,7 @@ from aenv.cluster.takeover import record_of
 from aenv.machines.api import TemplateNotFound
 from aenv.orchestrator import mounts
 from aenv.orchestrator.states import PUBLIC_STATE
+from aenv.secrets.vault import VaultError
 from aenv.storage.snapshots import FILES, SnapshotCorrupt, SnapshotNotFound
 
 
@@ -124,8 +125,8 @@ async def fork_children(request: Request) -> Any:
     fork's snapshot (fetched from that node) are here; one entry each, as a fork's."""
     try:
         body = ForkChildren.model_validate_json(await request.body())
-        kids = [record_of(k) for k in body.children]
-    except (ValidationError, KeyError, TypeError, ValueError):
+        kids = [record_of(k, sharing_of(request).sealer()) for k in body.children]
+    except (ValidationError, KeyError, TypeError, ValueError, VaultError):
         raise ApiError(400, "expected {snapshot, source: {node, url}, children: [sandbox "
                        "records]}") from None  # fmt: skip
     results = await sharing_of(request).forks.here(body.snapshot, body.source.node,

@@ -65,7 +65,7 @@ class Forks:
     async def _ask(self, url: str, snapshot_id: str, kids: list[SandboxRecord]) -> list[object]:
         s = self.s
         body = {"snapshot": snapshot_id, "source": {"node": s.node, "url": node_url(s.cfg)},
-                "children": [record_json(k) for k in kids]}  # fmt: skip
+                "children": [record_json(k, s.sealer()) for k in kids]}  # fmt: skip
         try:
             r = await s.client.post(url + f"{wire.INTERNAL_PREFIX}/fork-children", json=body,
                                     headers={wire.TOKEN_HEADER: s.cfg.cluster.token},

@@ -39,6 +39,7 @@ from aenv.machines.api import SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.machines.machine import FORK_PREFIX
 from aenv.orchestrator import mounts
 from aenv.orchestrator.errors import NotFound
+from aenv.secrets.sealing import Sealer
 from aenv.storage import checksums as sums
 from aenv.storage import lru
 from aenv.storage.extents import tree_usage
@@ -112,6 +113,11 @@ class Sharing:
         await self.client.aclose()
 
     # -- what the record says ---------------------------------------------------------------
+
+    def sealer(self) -> Sealer:
+        """What seals the records that leave this node: the cluster's key, which every node
+        holds once joined (takeover.record_json)."""
+        return Sealer.of_key(self.orch.secrets_key)
 
     def cached(self) -> list[str]:
         """Copies fetched here, snapshots and templates (peers may fetch from them too)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -33,7 +34,8 @@ from aenv.network.egress import EgressPolicy
 from aenv.orchestrator.errors import NotFound, Unavailable
 from aenv.orchestrator.routes import Ingress
 from aenv.orchestrator.states import SandboxState
-from aenv.orchestrator.store import SandboxRecord
+from aenv.orchestrator.store import SEALED_COLUMNS, SandboxRecord
+from aenv.secrets.sealing import Sealer, is_sealed
 from aenv.storage import checksums as sums
 from aenv.storage.files import write_json_atomic
 from aenv.storage.snapshots import Manifest
@@ -49,16 +51,24 @@ log = logging.getLogger("aenv.cluster")
 PUBLISH_METADATA = "aenv.publish"  # "true" / "false": this sandbox's pauses are published
 
 
-def record_json(rec: SandboxRecord) -> dict[str, Any]:
+def record_json(rec: SandboxRecord, sealer: Sealer) -> dict[str, Any]:
+    """A record as it leaves the node (etcd, the object store, a peer), what grants access
+    sealed under the cluster's key."""
     d = dataclasses.asdict(rec)
     d["state"] = str(rec.state)
     d["egress"] = rec.egress.to_json()
     d["ingress"] = rec.ingress.to_json()
+    for c in SEALED_COLUMNS:
+        if d[c] is not None:
+            d[c] = sealer.seal(json.dumps(d[c]), f"{rec.sandbox_id}/{c}")
     return d
 
 
-def record_of(d: dict[str, Any]) -> SandboxRecord:
+def record_of(d: dict[str, Any], sealer: Sealer) -> SandboxRecord:
     d = dict(d)
+    for c in SEALED_COLUMNS:  # one published before sealing holds them as they are
+        if isinstance(d.get(c), str) and is_sealed(d[c]):
+            d[c] = json.loads(sealer.open(d[c], f"{d['sandbox_id']}/{c}"))
     d["state"] = SandboxState(d["state"])
     d["egress"] = EgressPolicy.from_json(d.get("egress") or {})
     d["ingress"] = Ingress.from_json(d.get("ingress") or {})
@@ -104,7 +114,7 @@ class Takeover:
                                      files=files)  # fmt: skip
         moved = transfer.publish(s.store, workdir, record, kind="paused",
                                  compat=s._compat(man), manifest=man.to_json(),
-                                 sandbox=record_json(rec))  # fmt: skip
+                                 sandbox=record_json(rec, s.sealer()))  # fmt: skip
         entry = PublishedEntry(snapshot_id=rec.sandbox_id, kind="paused",
                                memory_mib=rec.memory_mib, node=s.node,
                                created_at=man.created_at, published_at=time.time(),
@@ -172,7 +182,7 @@ class Takeover:
                 raise compat.Incompatible(f"sandbox {sandbox_id} cannot resume on node "
                                           f"{s.node}: {e}") from None
             t0 = time.perf_counter()
-            rec = dataclasses.replace(record_of(pub.sandbox), state=SandboxState.PAUSED,
+            rec = dataclasses.replace(record_of(pub.sandbox, s.sealer()), state=SandboxState.PAUSED,
                                       slot_addr=None, vmm_pid=None,
                                       updated_at_us=s.orch.now_us())  # fmt: skip
             moved = await asyncio.to_thread(self._place_files, pub, kernel, tools)

@@ -61,6 +61,7 @@ from aenv.orchestrator.routes import PUBLIC, Ingress, RouteTable
 from aenv.orchestrator.sandbox_logs import SandboxLogs
 from aenv.orchestrator.states import HAS_VM, HOLDS_CAPACITY, PUBLIC_STATE, SandboxState
 from aenv.orchestrator.store import ListQuery, SandboxRecord, Store
+from aenv.secrets.sealing import Sealer
 from aenv.secrets.store import Secrets, SecretStore
 from aenv.secrets.vault import Vault, key_path, load_key
 from aenv.teams import names
@@ -86,7 +87,11 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
     ) -> None:
         self.config = config
         self.runtime = runtime
-        self.store = Store(config.db_path)
+        # The node's own key: its database's sealed values (secrets, what grants access in a
+        # record). A cluster's key, which replaces `secrets_key` on joining, seals what
+        # leaves the node; the database stays under this one.
+        own_key = load_key(key_path(config))
+        self.store = Store(config.db_path, Sealer.of_key(own_key))
         self.routes = RouteTable()
         self.reachability = Reachability(self.now_us)  # the metrics sampler's probes
         # Creates nobody received (their client left): removed (orchestrator/orphans.py).
@@ -116,7 +121,7 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         self.images: ImageTemplates | None = None  # images on demand (the node's, api/app.py)
         self.logs: SandboxLogs | None = None  # each sandbox's log, from start()
         self.secrets: Secrets | None = None  # from start(); a cluster's replaces it
-        self.secrets_key = b""  # from start(): the node's (and its cluster's) key
+        self.secrets_key = own_key  # the node's; its cluster's once it joins
         self.volumes: Volumes | None = None  # from start()
         self.teams: Teams | None = None  # from start(); a cluster's replaces it
         # Run at close, after the last pause and VM and before the store closes: the
@@ -142,7 +147,6 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         self.store.open()
         self.logs = SandboxLogs(self.store.db)
         # Secrets live in the node's database, sealed under the node's key.
-        self.secrets_key = load_key(key_path(self.config))
         self.secrets = SecretStore(self.store.db, Vault(self.secrets_key))
         self.volumes = VolumeStore(self.store.db, self.config.volumes_dir)
         self.teams = TeamStore(self.store.db)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from aenv.network.egress import EgressPolicy
 from aenv.orchestrator.routes import Ingress
 from aenv.orchestrator.states import GONE, SandboxState, is_legal
+from aenv.secrets.sealing import Sealer, is_sealed
 from aenv.teams.model import DEFAULT_TEAM
 
 # Schema version of the records on disk: a reader refuses a newer major. Columns added
@@ -101,6 +102,8 @@ _COLUMNS = (
     "auto_pause", "auto_resume", "allow_internet", "slot_addr", "vmm_pid", "updated_at_us",
     *_ADDED_COLUMNS,
 )  # fmt: skip
+# What grants access to a sandbox or through it: sealed on disk (secrets/sealing.py).
+SEALED_COLUMNS = ("env_vars", "access_token", "egress", "ingress")
 _MUTABLE = frozenset({
     "end_at_us", "timeout_s", "slot_addr", "vmm_pid", "started_at_us", "auto_pause",
     "pause_mode",
@@ -145,7 +148,7 @@ class SandboxRecord:
     volume_mounts: list[tuple[str, str, str]] = field(default_factory=list)
     team_id: str = DEFAULT_TEAM
 
-    def _row(self) -> tuple[Any, ...]:
+    def _row(self, sealer: Sealer) -> tuple[Any, ...]:
         d = self.__dict__ | {
             "state": str(self.state),
             "metadata": json.dumps(self.metadata),
@@ -160,11 +163,17 @@ class SandboxRecord:
                                          for n, p, i in self.volume_mounts])
             if self.volume_mounts else None,
         }
+        for c in SEALED_COLUMNS:
+            if d[c] is not None:
+                d[c] = sealer.seal(d[c], f"{self.sandbox_id}/{c}")
         return tuple(d[c] for c in _COLUMNS)
 
     @classmethod
-    def _from_row(cls, row: sqlite3.Row) -> SandboxRecord:
+    def _from_row(cls, row: sqlite3.Row, sealer: Sealer) -> SandboxRecord:
         d = dict(zip(_COLUMNS, row, strict=True))
+        for c in SEALED_COLUMNS:
+            if d[c] is not None:
+                d[c] = sealer.open(d[c], f"{d['sandbox_id']}/{c}")
         d["state"] = SandboxState(d["state"])
         d["metadata"] = json.loads(d["metadata"])
         d["env_vars"] = json.loads(d["env_vars"])
@@ -214,8 +223,9 @@ class ListQuery:
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sealer: Sealer) -> None:
         self.path = path
+        self.sealer = sealer
         self._db: sqlite3.Connection | None = None
         # Called after a record is added, changes state or goes (the cluster's bindings
         # follow at once, not at their next round). Must be cheap and not raise.
@@ -251,6 +261,18 @@ class Store:
                 db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {definition}")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._db = db
+        self._reseal()
+
+    def _reseal(self) -> None:
+        """Seal what a database written before sealing holds in the clear."""
+        cols = ", ".join(SEALED_COLUMNS)
+        for sid, *vals in self.db.execute(f"SELECT sandbox_id, {cols} FROM sandboxes"):
+            if all(v is None or is_sealed(v) for v in vals):
+                continue
+            new = [v if v is None or is_sealed(v) else self.sealer.seal(v, f"{sid}/{c}")
+                   for c, v in zip(SEALED_COLUMNS, vals, strict=True)]  # fmt: skip
+            self.db.execute(f"UPDATE sandboxes SET {', '.join(f'{c} = ?' for c in SEALED_COLUMNS)}"
+                            " WHERE sandbox_id = ?", (*new, sid))  # fmt: skip
 
     def close(self) -> None:
         if self._db is not None:
@@ -279,7 +301,8 @@ class Store:
         marks = ", ".join("?" * len(_COLUMNS))
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute(f"INSERT INTO sandboxes ({cols}) VALUES ({marks})", rec._row())
+            self.db.execute(f"INSERT INTO sandboxes ({cols}) VALUES ({marks})",
+                            rec._row(self.sealer))
             self.db.executemany(
                 "INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?, ?, ?)",
                 [(rec.sandbox_id, k, v) for k, v in rec.metadata.items()],
@@ -290,11 +313,11 @@ class Store:
         row = self.db.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,)
         ).fetchone()
-        return SandboxRecord._from_row(row) if row else None
+        return SandboxRecord._from_row(row, self.sealer) if row else None
 
     def all(self) -> list[SandboxRecord]:
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM sandboxes").fetchall()
-        return [SandboxRecord._from_row(r) for r in rows]
+        return [SandboxRecord._from_row(r, self.sealer) for r in rows]
 
     def transition(
         self,
@@ -344,10 +367,15 @@ class Store:
         cur = self.db.execute(
             f"UPDATE sandboxes SET egress = ?, allow_internet = ?, updated_at_us = ? "
             f"WHERE sandbox_id = ? AND state IN ({marks})",
-            (_egress_column(egress), None if allow_internet is None else int(allow_internet),
+            (self._sealed_egress(sandbox_id, egress),
+             None if allow_internet is None else int(allow_internet),
              now_us, sandbox_id, *map(str, expected)),
         )
         return cur.rowcount == 1
+
+    def _sealed_egress(self, sandbox_id: str, egress: EgressPolicy) -> str | None:
+        column = _egress_column(egress)
+        return None if column is None else self.sealer.seal(column, f"{sandbox_id}/egress")
 
     def extend_end(
         self, sandbox_id: str, expected: Iterable[SandboxState], end_at_us: int, now_us: int
@@ -439,7 +467,7 @@ class Store:
             f"SELECT {', '.join(_COLUMNS)} FROM sandboxes WHERE state IN ({marks})",
             tuple(map(str, states)),
         ).fetchall()
-        return [SandboxRecord._from_row(r) for r in rows]
+        return [SandboxRecord._from_row(r, self.sealer) for r in rows]
 
     def list(self, q: ListQuery) -> tuple[list[SandboxRecord], tuple[int, str] | None]:
         """One page and the cursor of the next one (None on the last page)."""
@@ -471,7 +499,7 @@ class Store:
             f"ORDER BY started_at_us {direction}, sandbox_id {direction} LIMIT ?"
         )
         rows = self.db.execute(sql, (*args, q.limit + 1)).fetchall()
-        recs = [SandboxRecord._from_row(r) for r in rows[: q.limit]]
+        recs = [SandboxRecord._from_row(r, self.sealer) for r in rows[: q.limit]]
         more = len(rows) > q.limit
         nxt = (recs[-1].started_at_us, recs[-1].sandbox_id) if more and recs else None
         return recs, nxt

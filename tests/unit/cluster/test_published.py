@@ -11,6 +11,9 @@ from aenv.network.egress import EgressPolicy
 from aenv.orchestrator.routes import Ingress
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import SandboxRecord
+from aenv.secrets.sealing import Sealer
+
+SEALER = Sealer.of_key(bytes(32))
 
 
 def _e(sid: str, names: list[str], at: str) -> PublishedEntry:
@@ -33,4 +36,4 @@ def test_a_record_survives_the_trip_through_the_store() -> None:
         egress=EgressPolicy.from_request(False, ["198.18.0.1"], [], ["1.1.1.1"]),
         pause_mode="full", ingress=Ingress("traffic", "h:${PORT}", frozenset({8443})),
     )  # fmt: skip
-    assert record_of(json.loads(json.dumps(record_json(rec)))) == rec
+    assert record_of(json.loads(json.dumps(record_json(rec, SEALER))), SEALER) == rec

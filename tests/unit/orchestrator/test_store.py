@@ -16,8 +16,10 @@ from aenv.orchestrator.store import (
     Store,
     StoreError,
 )
+from aenv.secrets.sealing import Sealer
 
 S = SandboxState
+SEALER = Sealer.of_key(bytes(32))
 ALL = frozenset({S.RUNNING, S.PAUSED})
 
 
@@ -33,7 +35,7 @@ def rec(sid: str, started: int, **kw: object) -> SandboxRecord:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "aenv.db")
+    s = Store(tmp_path / "aenv.db", SEALER)
     s.open()
     yield s
     s.close()
@@ -58,7 +60,7 @@ def test_refuses_a_newer_schema(tmp_path: Path) -> None:
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     db.close()
     with pytest.raises(StoreError, match="schema version"):
-        Store(path).open()
+        Store(path, SEALER).open()
 
 
 def test_roundtrip_keeps_every_field(store: Store) -> None:

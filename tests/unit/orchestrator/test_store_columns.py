@@ -8,6 +8,9 @@ from pathlib import Path
 
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import _SCHEMA, SCHEMA_VERSION, SandboxRecord, Store
+from aenv.secrets.sealing import Sealer
+
+SEALER = Sealer.of_key(bytes(32))
 
 S = SandboxState
 OLD_COLUMNS = (
@@ -31,7 +34,7 @@ def _old_db(path: Path) -> None:
 def test_an_old_database_gains_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "aenv.db"
     _old_db(path)
-    store = Store(path)
+    store = Store(path, SEALER)
     store.open()
     try:
         old = store.get("old")
