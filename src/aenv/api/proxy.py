@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -246,11 +245,11 @@ class DataPlaneProxy:
         ready = route.handle.ready
         if ready is not None and not ready.done():
             # Its start finishes behind the API call (a fork child's /init, a hot resume's
-            # clock push): the guest takes requests once it is done. Shielded: this
-            # request's cancellation must not cancel it.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(ready), READY_WAIT_S)
-        if ready is not None and ready.done() and not ready.cancelled() and ready.exception():
+            # clock push): the guest takes requests once it is done. `wait`: neither this
+            # request's cancellation nor the timeout cancels it, and its own cancellation
+            # (a kill during the start) is not this request's.
+            await asyncio.wait({ready}, timeout=READY_WAIT_S)
+        if ready is not None and ready.done() and (ready.cancelled() or ready.exception()):
             return _Denial(502, {"code": 502, "message": f"sandbox {route.sandbox_id} failed to "
                                  "start"}, "not_ready")  # fmt: skip
         return route

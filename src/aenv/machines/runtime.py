@@ -40,6 +40,7 @@ from aenv.machines.cloning import Cloning
 from aenv.machines.guest_trust import TrustError
 from aenv.machines.machine import (
     AGENT_BOOT_TIMEOUT,
+    AGENT_INIT_BEHIND_TIMEOUT,
     AGENT_INIT_TIMEOUT,
     AGENT_METRICS_TIMEOUT,
     CLOCK_RESYNC_S,
@@ -368,7 +369,8 @@ class Runtime(Pausing, Cloning, Adopting):
         self.egress_proxy.admit(slot.slot_addr, policy, sets)
         self.tunnels.admit(slot.slot_addr, policy, sets)
 
-    async def push_init(self, m: Machine, init: AgentInit) -> None:
+    async def push_init(self, m: Machine, init: AgentInit,
+                        deadline_s: float = AGENT_INIT_TIMEOUT) -> None:
         """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
         guest must answer its first request (fixed MACs make any slot look the same).
         First the sandbox's egress policy goes onto its slot (every start comes here)."""
@@ -393,7 +395,7 @@ class Runtime(Pausing, Cloning, Adopting):
             # The whole budget for connecting too: a guest restored next to many others
             # (fork x16 under TCG) may take seconds to be scheduled and accept.
             r = await agent_replies.request(m.http, "POST", m.slot.url(AGENT_PORT) + "/init",
-                                            json=body, deadline_s=AGENT_INIT_TIMEOUT)
+                                            json=body, deadline_s=deadline_s)
         except GuestReplyError as e:
             raise BootError(f"agent /init failed: {e}") from e
         if r.status >= 300:
@@ -560,7 +562,7 @@ class Runtime(Pausing, Cloning, Adopting):
         dead VMM, so the orchestrator removes the sandbox; the data plane answers 502."""
         try:
             async with gate:
-                await self.push_init(m, init)
+                await self.push_init(m, init, AGENT_INIT_BEHIND_TIMEOUT)
         except asyncio.CancelledError:  # the VM is being stopped: its /init goes with it
             raise
         except BaseException as e:

@@ -670,3 +670,34 @@ async def test_a_resumed_sandboxs_port_gets_a_grace_period_to_open(
         t0 = time.monotonic()
         r = await c.get("/", headers=dp(sb, port))
         assert r.status_code == 502 and time.monotonic() - t0 < 2
+
+
+async def test_requests_wait_for_a_start_behind_the_call_and_see_how_it_ended(
+    origin: tuple[Node, str], upstream: tuple[Upstream, int]
+) -> None:
+    """A fork child's /init runs behind the fork: its requests wait for it, then pass; if it
+    failed, or the child was killed meanwhile (the start cancelled), they get a 502."""
+    node, base = origin
+    _, port = upstream
+    async with httpx.AsyncClient(base_url=base) as c:
+        for end in ("done", "failed", "cancelled"):
+            sb = await new_sandbox(base)
+            route = node.orchestrator.routes.get(sb["sandboxID"])
+            assert route is not None
+            start: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            route.handle.ready = start
+            req = asyncio.create_task(c.get("/health", headers=dp(sb, port)))
+            await asyncio.sleep(0.2)
+            assert not req.done()  # held while the start runs
+            if end == "done":
+                start.set_result(None)
+            elif end == "failed":
+                start.set_exception(RuntimeError("agent /init failed"))
+            else:
+                start.cancel()
+            r = await req
+            if end == "done":
+                assert r.status_code == 204
+            else:
+                assert r.status_code == 502, r.text
+                assert r.json()["message"] == f"sandbox {sb['sandboxID']} failed to start"
