@@ -24,6 +24,7 @@ SAMPLE_TIMEOUT_S = 2.0
 # seconds of CPU (its code is translated afresh), and 64 at once starved the /init of the
 # sandboxes a burst was still starting.
 SAMPLES_AT_ONCE = 4
+SKIP_WHILE_STARTING = 6
 # Samples older than this are dropped.
 METRICS_RETENTION_S = 3600
 LOGS_PRUNE_EVERY_S = 60.0
@@ -85,12 +86,20 @@ async def metrics_sampler(orch: Node) -> None:
     """Every `metrics_interval_s`, sample each running sandbox's agent /metrics."""
     interval = orch.config.metrics_interval_s
     pruned = 0.0
+    skipped = 0
     while True:
         await asyncio.sleep(interval)
         try:
             ids = [r.sandbox_id for r in orch.routes]
             orch.reachability.keep_only(ids)
-            if ids:
+            # Not while sandboxes start (up to SKIP_WHILE_STARTING rounds in a row): under
+            # TCG an agent's first answers cost seconds of CPU, which a burst's /inits need
+            # more (their deadline is the user's create).
+            busy = orch.boots.in_flight or any(r.starting for r in orch.routes)
+            if busy and skipped < SKIP_WHILE_STARTING:
+                skipped += 1
+            elif ids:
+                skipped = 0
                 await _sample_all(orch, ids)
             await memory_pressure.measure(orch)
             orch.store.prune_metrics(orch.now_us() - METRICS_RETENTION_S * 1_000_000)

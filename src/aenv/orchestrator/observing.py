@@ -14,7 +14,6 @@ from aenv.machines.agent_replies import AgentMetrics, GuestLogs
 from aenv.obs import log_event
 from aenv.orchestrator import background
 from aenv.orchestrator.reachability import Reachability
-from aenv.orchestrator.routes import Route
 from aenv.orchestrator.sandbox_logs import LogEntry
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.store import MetricSample, SandboxRecord
@@ -40,7 +39,7 @@ class Observing:
         """What the guest logged since the last pull, into the sandbox's log: the number of
         entries taken (0 too if it is not running or its agent does not answer)."""
         route = self.routes.get(sandbox_id)
-        if route is None or self.logs is None or _starting(route):
+        if route is None or self.logs is None or route.starting:
             return 0
         try:
             async with asyncio.timeout(background.SAMPLE_TIMEOUT_S):
@@ -58,7 +57,7 @@ class Observing:
     async def sample(self, sandbox_id: str) -> bool:
         """Take one metrics sample from the agent; False if it did not answer."""
         route = self.routes.get(sandbox_id)
-        if route is None or _starting(route):  # its /init is behind its start: not yet
+        if route is None or route.starting:  # its /init is behind its start: not yet
             return False
         try:
             async with asyncio.timeout(background.SAMPLE_TIMEOUT_S):
@@ -99,10 +98,3 @@ def _metric_from_agent(raw: dict[str, object], now_us: int) -> MetricSample:
         mem_used=m.mem_used, mem_total=m.mem_total, mem_cache=m.mem_cache,
         disk_used=m.disk_used, disk_total=m.disk_total,
     )
-
-
-def _starting(route: Route) -> bool:
-    """A fork child (or a rollback) whose agent's /init is still on its way: its agent
-    refuses other calls until then, which is no sign of a sandbox in trouble."""
-    ready = route.handle.ready
-    return ready is not None and not ready.done()

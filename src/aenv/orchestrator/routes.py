@@ -95,6 +95,13 @@ class Route:
     def sandbox_id(self) -> str:
         return self.handle.sandbox_id
 
+    @property
+    def starting(self) -> bool:
+        """A fork child (or a rollback) whose agent's /init is still on its way: its agent
+        refuses other calls until then, which is no sign of a sandbox in trouble."""
+        ready = self.handle.ready
+        return ready is not None and not ready.done()
+
 
 class RouteTable:
     def __init__(self) -> None:
