@@ -70,16 +70,35 @@ class ClusterConfig(BaseModel):
     etcd_user: str = ""
     etcd_password: str = ""
     etcd_insecure: bool = False
+    # The links between gateways and nodes and between nodes (cluster/links.py, docs/cluster.md
+    # "Links"): the cluster CA's certificate, and this member's certificate and key, signed
+    # by it (`aenv cluster ca`). A node then serves its cluster listener on `link_port`
+    # (0: `port` + 1) over HTTPS that asks every caller for a certificate of that CA, and its
+    # cluster token is taken there only. Plain HTTP off this host only with insecure_links.
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    link_port: int = Field(0, ge=0, le=65535)
+    insecure_links: bool = False
+
+    @property
+    def link_tls(self) -> bool:
+        return self.cert_file is not None
 
     @model_validator(mode="after")
     def _etcd_pairs(self) -> ClusterConfig:
-        for a, b in (("etcd_cert_file", "etcd_key_file"), ("etcd_user", "etcd_password")):
+        if (self.ca_file is None) != (self.cert_file is None):
+            raise PydanticCustomError("together", "must be set together",
+                                      {"fields": ("ca_file", "cert_file")})  # fmt: skip
+        for a, b in (("etcd_cert_file", "etcd_key_file"), ("etcd_user", "etcd_password"),
+                     ("cert_file", "key_file")):  # fmt: skip
             if bool(getattr(self, a)) != bool(getattr(self, b)):
                 raise PydanticCustomError("together", "must be set together",
                                           {"fields": (a, b)})  # fmt: skip
         return self
 
-    @field_validator("etcd_ca_file", "etcd_cert_file", "etcd_key_file", mode="after")
+    @field_validator("etcd_ca_file", "etcd_cert_file", "etcd_key_file", "ca_file",
+                     "cert_file", "key_file", mode="after")
     @classmethod
     def _absolute(cls, v: Path | None) -> Path | None:
         return v.expanduser().absolute() if v is not None else None
@@ -429,6 +448,11 @@ _CLUSTER_ENV = {
     "ETCD_USER": "etcd_user",
     "ETCD_PASSWORD": "etcd_password",
     "ETCD_INSECURE": "etcd_insecure",
+    "CLUSTER_CA_FILE": "ca_file",
+    "CLUSTER_CERT_FILE": "cert_file",
+    "CLUSTER_KEY_FILE": "key_file",
+    "CLUSTER_LINK_PORT": "link_port",
+    "CLUSTER_INSECURE_LINKS": "insecure_links",
 }
 
 _NETWORK_ENV = {

@@ -38,6 +38,7 @@ from aenv.api.auth import resolve_api_key
 from aenv.api.lifespan import lifespan
 from aenv.api.proxy import DataPlaneProxy
 from aenv.api.relay import send_json
+from aenv.cluster.links import link_port
 from aenv.config import Config
 from aenv.images import bases
 from aenv.images.builds import Builds
@@ -74,6 +75,8 @@ def build_api(node: Node) -> FastAPI:
     api.state.builds = node.builds
     api.state.images = node.images
     api.state.cluster_token = node.config.cluster.token
+    # Where the cluster's links use TLS, the token counts only on the cluster listener.
+    api.state.link_port = link_port(node.config) if node.config.cluster.link_tls else 0
     api.state.proxy = node.proxy
     api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
     api.state.rl = node.rl

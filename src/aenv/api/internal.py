@@ -27,6 +27,7 @@ from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from aenv.api.apierror import ApiError
+from aenv.api.cluster_caller import from_cluster
 from aenv.api.sandboxes import fork_results
 from aenv.api.takeover import sharing_of
 from aenv.cluster import wire
@@ -42,14 +43,13 @@ def client_origin(request: Request) -> str:
     """The origin the client called: a gateway's (it says so, with the cluster token), else
     this node's."""
     origin = request.headers.get(wire.ORIGIN_HEADER)
-    if origin and wire.token_ok(request.app.state.cluster_token,
-                                request.headers.get(wire.TOKEN_HEADER)):  # fmt: skip
+    if origin and from_cluster(request):
         return origin
     return f"{request.url.scheme}://{request.url.netloc}"
 
 
 async def _require_cluster_token(request: Request) -> None:
-    if not wire.token_ok(request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+    if not from_cluster(request):
         raise ApiError(404, "Not Found")  # no hint that the routes exist
 
 

@@ -9,6 +9,7 @@ from urllib.parse import unquote
 
 from fastapi import Request, Response
 
+from aenv.api.cluster_caller import from_cluster
 from aenv.cluster import wire
 from aenv.orchestrator.errors import InvalidRequest
 from aenv.orchestrator.states import SandboxState, states_for_public
@@ -41,7 +42,7 @@ def encode_cursor(cursor: tuple[int, str]) -> str:
 def cluster_cursors(request: Request, response: Response,
                     cursors: list[tuple[int, str]]) -> None:  # fmt: skip
     """Give a cluster gateway each listed item's cursor (`cluster/wire.py`)."""
-    if wire.token_ok(request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+    if from_cluster(request):
         response.headers[wire.CURSORS_HEADER] = ",".join(encode_cursor(c) for c in cursors)
 
 

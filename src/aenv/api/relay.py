@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aenv.api import websocket as ws
-from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool, unchecked_tls
+from aenv.api.upstream import ConnectFailed, Tls, UpstreamError, UpstreamPool, tls_context
 from aenv.obs import PROXY_OPEN
 
 Scope = dict[str, Any]
@@ -137,7 +137,7 @@ async def connected(attempt: Callable[[], Awaitable[T]], until: float | None) ->
 async def relay_http(
     pool: UpstreamPool, scope: Scope, receive: Any, send: Any, addr: tuple[str, int],
     target: bytes, headers: Headers, ex: Exchange,
-    connect_failed: Callable[[], dict[str, Any]], *, tls: bool = False,
+    connect_failed: Callable[[], dict[str, Any]], *, tls: Tls = False,
     host_header: bytes | None = None, connect_until: float | None = None,
 ) -> str:  # fmt: skip
     """Relay the request to `addr` (`headers` already filtered; the body's framing is
@@ -202,7 +202,7 @@ async def relay_http(
 async def relay_websocket(
     scope: Scope, receive: Any, send: Any, addr: tuple[str, int], target: bytes,
     headers: Headers, ex: Exchange, connect_failed: Callable[[], dict[str, Any]], *,
-    tls: bool = False, connect_until: float | None = None,
+    tls: Tls = False, connect_until: float | None = None,
 ) -> str:  # fmt: skip
     """Bridge an accepted-to-be client WebSocket (its `websocket.connect` already received)
     to one opened at `addr` (over TLS if `tls`). Returns the outcome: ws_ok, ws_refused,
@@ -210,7 +210,7 @@ async def relay_websocket(
     try:
         up = await connected(lambda: ws.open_upstream(
             addr[0], addr[1], target, forward_headers(headers, ws.HANDSHAKE_HEADERS),
-            scope.get("subprotocols") or (), unchecked_tls() if tls else None,
+            scope.get("subprotocols") or (), tls_context(tls),
         ), connect_until)  # fmt: skip
     except ws.Refused as e:
         ctype = next((v for k, v in e.headers if k == b"content-type"), b"text/plain")

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from aenv.api import query, templates
 from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key, team_of
+from aenv.api.cluster_caller import from_cluster
 from aenv.api.models import (
     ConnectSandbox,
     Error,
@@ -184,7 +185,7 @@ def _placed_id(request: Request) -> str | None:
     sid = request.headers.get(wire.SANDBOX_ID_HEADER)
     if sid is None:
         return None
-    if not wire.token_ok(request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+    if not from_cluster(request):
         raise ApiError(403, f"{wire.SANDBOX_ID_HEADER} is for cluster gateways only")
     if not wire.SANDBOX_ID_RE.match(sid):
         raise ApiError(400, f"invalid {wire.SANDBOX_ID_HEADER}")

@@ -8,8 +8,11 @@ sandbox, end every remaining VM (runtime.close) and exit 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import sys
+from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
@@ -17,17 +20,32 @@ import uvicorn
 from aenv.api.app import Node
 from aenv.api.serving import GracefulServer, listen, tls_options
 from aenv.api.welcome import first_contact
+from aenv.cluster.identity import node_url
+from aenv.cluster.links import Links, LinksRefused, check_plain, link_port
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
 log = logging.getLogger("aenv.server")
 
 
+class _LinkServer(uvicorn.Server):
+    """The cluster listener (cluster/links.py): the same app, mutual TLS, no lifespan of its
+    own; started and stopped by the node's main server, which holds the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
 class _Server(GracefulServer):
-    def __init__(self, config: uvicorn.Config, node: Node) -> None:
+    def __init__(self, config: uvicorn.Config, node: Node,
+                 link: tuple[uvicorn.Config, socket.socket] | None = None) -> None:
         super().__init__(config)
         self.node = node
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._link = link
+        self._link_server: _LinkServer | None = None
+        self._link_task: asyncio.Task[None] | None = None
 
     async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -35,8 +53,18 @@ class _Server(GracefulServer):
 
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         await super().startup(sockets)
+        if not self.should_exit and self._link is not None:
+            config, sock = self._link
+            self._link_server = _LinkServer(config)
+            self._link_task = asyncio.create_task(self._link_server.serve([sock]))
         if not self.should_exit:  # serving: say how to reach it
             print(first_contact(self.node.config), flush=True)
+
+    async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        if self._link_server is not None and self._link_task is not None:
+            self._link_server.should_exit = True  # the cluster's calls stop with the rest
+            await self._link_task
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:
@@ -48,19 +76,22 @@ class _Server(GracefulServer):
         super().handle_exit(sig, frame)
 
 
-def uvicorn_config(node: Node, config: Config) -> uvicorn.Config:
+def uvicorn_config(node: Node, config: Config, *, link: Links | None = None
+                   ) -> uvicorn.Config:  # fmt: skip
+    """The public listener's, or (`link`) the cluster listener's."""
+    tls = tls_options(config) if link is None else link.uvicorn_options()
     return uvicorn.Config(
         node,
         host=config.host,
-        port=config.port,
-        lifespan="on",
+        port=config.port if link is None else link_port(config),
+        lifespan="on" if link is None else "off",
         access_log=False,
         log_config=None,
         server_header=False,
         timeout_graceful_shutdown=int(config.shutdown_grace_s),
         timeout_keep_alive=30,
         h11_max_incomplete_event_size=64 * 1024,
-        **tls_options(config),  # type: ignore[arg-type]
+        **tls,  # type: ignore[arg-type]
     )
 
 
@@ -72,9 +103,36 @@ def run(config: Config) -> int:
         print(f"aenv server: cannot listen on {config.host}:{config.port}: {e.strerror}",
               file=sys.stderr)
         return 1
+    try:
+        link = _link_listener(config)
+    except (LinksRefused, OSError) as e:
+        sock.close()
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        print(f"aenv server: {why}", file=sys.stderr)
+        return 1
     node = Node(config)
-    server = _Server(uvicorn_config(node, config), node)
+    server = _Server(uvicorn_config(node, config), node,
+                     None if link is None else (uvicorn_config(node, config, link=link[0]),
+                                                link[1]))  # fmt: skip
     log_event(log, "server.starting", host=config.host, port=config.port,
               data_dir=str(config.data_dir), runtime=config.runtime)  # fmt: skip
     server.run(sockets=[sock])
     return 0 if server.started else 1
+
+
+def _link_listener(config: Config) -> tuple[Links, socket.socket] | None:
+    """The cluster listener's certificates and socket, if the links use TLS; else the plain
+    link checked (cluster/links.py). LinksRefused, OSError (a taken port)."""
+    if not config.cluster.etcd_endpoints:
+        return None
+    links = Links.of(config.cluster)
+    if links is None:
+        check_plain(config.cluster, node_url(config), "this node's cluster URL")
+        return None
+    links.uvicorn_options()
+    port = link_port(config)
+    try:
+        return links, listen(config.host, port)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot listen on {config.host}:{port} (cluster.link_port): "
+                               f"{e.strerror}") from None

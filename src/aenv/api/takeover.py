@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 
 from aenv.api.apierror import ApiError
+from aenv.api.cluster_caller import from_cluster
 from aenv.cluster import wire
 
 
@@ -22,8 +23,7 @@ def sharing_of(request: Request) -> Any:
 async def take_over_if_moved(request: Request, sandbox_id: str) -> None:
     """A resume or connect a gateway moved here: the sandbox's published paused state
     becomes this node's first (cluster/takeover.py)."""
-    if request.headers.get(wire.ADOPT_HEADER) and wire.token_ok(
-            request.app.state.cluster_token, request.headers.get(wire.TOKEN_HEADER)):
+    if request.headers.get(wire.ADOPT_HEADER) and from_cluster(request):
         sharing = sharing_of(request)
         await sharing.takeover.adopt(sandbox_id)
 

@@ -29,7 +29,10 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 
-Addr = tuple[str, int, bool]  # host, port, TLS: one pool of connections each
+# TLS to an upstream: none, a sandbox's (True: whatever certificate it has), or a context
+# that verifies (a cluster's links, cluster/links.py).
+Tls = bool | ssl.SSLContext
+Addr = tuple[str, int, Tls]  # host, port, TLS: one pool of connections each
 
 CONNECT_TIMEOUT_S = 5.0
 KEEPALIVE_EXPIRY_S = 30.0
@@ -201,6 +204,12 @@ def _body_failure(task: asyncio.Task[None] | None) -> BaseException | None:
     return None if exc is None or isinstance(exc, ConnectionError) else exc
 
 
+def tls_context(tls: Tls) -> ssl.SSLContext | None:
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    return unchecked_tls() if tls else None
+
+
 @functools.cache
 def unchecked_tls() -> ssl.SSLContext:
     # A sandbox's HTTPS port serves whatever certificate it has (E2B: not verified).
@@ -218,12 +227,12 @@ class UpstreamPool:
     async def request(
         self, method: str, host: str, port: int, target: bytes,
         headers: list[tuple[bytes, bytes]], body: AsyncIterator[bytes] | None = None,
-        content_length: bytes | None = None, *, tls: bool = False,
+        content_length: bytes | None = None, *, tls: Tls = False,
         host_header: bytes | None = None,
     ) -> UpstreamResponse:  # fmt: skip
         """Send a request and read the response head. `headers` must not hold hop-by-hop
         or framing headers; `Host` is set here (`host_header`, default host:port). `tls`:
-        over TLS, the upstream's certificate unchecked (a sandbox's own). Raises
+        over TLS, True: the upstream's certificate unchecked (a sandbox's own). Raises
         ConnectFailed, UpstreamError, or whatever the body iterator raises."""
         addr = (host, port, tls)
         if host_header is None:
@@ -368,7 +377,7 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 reader, writer = await asyncio.open_connection(
-                    addr[0], addr[1], limit=_LIMIT, ssl=unchecked_tls() if addr[2] else None)
+                    addr[0], addr[1], limit=_LIMIT, ssl=tls_context(addr[2]))
         except (OSError, TimeoutError) as e:
             raise ConnectFailed(repr(e)) from None
         return _Conn(reader, writer)

@@ -137,3 +137,41 @@ def undrain(
     if not _with_etcd(etcd, config, delete):
         raise CliError(f"node {name!r} is not draining")
     output.print_lines([f"node {name} takes sandboxes again"])
+
+
+ca_app = AenvTyper(help="The cluster's CA for the links between its parts (docs/cluster.md, "
+                        "\"Links\").", no_args_is_help=True)  # fmt: skip
+app.add_typer(ca_app, name="ca")
+
+
+@ca_app.command("init")
+def ca_init(
+    directory: Annotated[Path, typer.Argument(help="where ca.pem and ca.key go")],
+) -> None:
+    """Make the cluster's CA (EC P-256, 10 years). Keep ca.key off the members."""
+    from aenv.cluster.ca import CaError, init
+
+    try:
+        cert = init(directory)
+    except (CaError, OSError) as e:
+        raise CliError(str(e)) from None
+    output.print_lines([f"CA made: {cert} (every member's cluster.ca_file)",
+                        f"next: aenv cluster ca issue {directory} NAME --host HOST"])
+
+
+@ca_app.command("issue")
+def ca_issue(
+    directory: Annotated[Path, typer.Argument(help="the CA's directory (aenv cluster ca init)")],
+    name: Annotated[str, typer.Argument(help="the member: a node's or a gateway's name")],
+    host: Annotated[list[str], typer.Option(
+        "--host", help="a host name or address its URL uses (repeat for more)")],
+    days: Annotated[int, typer.Option(help="validity", min=1, max=3650)] = 365,
+) -> None:
+    """A certificate and key for one node or gateway, signed by the cluster's CA."""
+    from aenv.cluster.ca import CaError, issue
+
+    try:
+        cert, key = issue(directory, name, host, days)
+    except (CaError, OSError, ValueError) as e:
+        raise CliError(str(e)) from None
+    output.print_lines([f"{name}: {cert} (cluster.cert_file), {key} (cluster.key_file)"])

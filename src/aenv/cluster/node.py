@@ -21,6 +21,7 @@ from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.forgetting import EVERY_S as FORGET_EVERY_S
 from aenv.cluster.forgetting import Forgetting
 from aenv.cluster.identity import node_name, node_url
+from aenv.cluster.links import verify_for
 from aenv.cluster.membership import Capacity, NodeRecord, Registration, Usage
 from aenv.cluster.secrets import EtcdSecrets
 from aenv.cluster.sharing import Sharing, shared_names
@@ -159,7 +160,8 @@ class NodeMembership:
         self.orch.teams = self.teams
         # Volumes every node knows, their data on the storage every node mounts.
         self.volumes = EtcdVolumes(self.etcd, self.cfg.cluster.prefix, self.cfg.volumes_dir,
-                                   node_name(self.cfg), self.cfg.cluster.token)  # fmt: skip
+                                   node_name(self.cfg), self.cfg.cluster.token,
+                                   verify_for(self.cfg.cluster))  # fmt: skip
         await self.volumes.start()
         if isinstance(self.orch.volumes, VolumeStore):
             clash = await self.volumes.carry(self.orch.volumes.all())

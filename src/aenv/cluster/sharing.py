@@ -30,6 +30,7 @@ import httpx
 
 from aenv.cluster.etcd import Etcd, EtcdError
 from aenv.cluster.forks import Forks
+from aenv.cluster.links import verify_for
 from aenv.cluster.membership import NodeRecord, others
 from aenv.cluster.peers import PeerChunks, describe
 from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_key
@@ -88,7 +89,7 @@ class Sharing:
         self._sweep: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._fetching: dict[str, asyncio.Lock] = {}
-        self.client = httpx.AsyncClient()
+        self.client = httpx.AsyncClient(verify=verify_for(cfg.cluster))  # peers (links.py)
 
     def accel(self) -> str | None:
         accel = getattr(self.runtime, "accel", None)

@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,11 @@ def _doc(raw: bytes) -> dict[str, Any] | None:
 
 class EtcdVolumes:
     def __init__(self, etcd: Etcd, prefix: str, root: Path, node: str = "",
-                 token: str = "") -> None:  # fmt: skip
-        """`node`, `token`: this node's name and the cluster token, to ask the others
-        which of their sandboxes mount a volume (`users_elsewhere`)."""
+                 token: str = "", verify: ssl.SSLContext | bool = True) -> None:  # fmt: skip
+        """`node`, `token`, `verify`: this node's name, the cluster token and the links' TLS,
+        to ask the others which of their sandboxes mount a volume (`users_elsewhere`)."""
         self._etcd = etcd
+        self._verify = verify
         self._prefix, self._node, self._token = prefix, node, token
         self._p = f"{prefix}volumes/"
         self._view: PrefixView[dict[str, Any]] = PrefixView(etcd, self._p + "id/", _doc)
@@ -136,7 +138,7 @@ class EtcdVolumes:
         """The sandboxes of the other nodes that mount the volume, running or paused.
         VolumeInUse if a node cannot be asked: its sandboxes might."""
         peers = await others(self._etcd, self._prefix, self._node)
-        async with httpx.AsyncClient(timeout=ASK_TIMEOUT_S) as client:
+        async with httpx.AsyncClient(timeout=ASK_TIMEOUT_S, verify=self._verify) as client:
             answers = await asyncio.gather(*(client.get(
                 f"{p.url}{wire.INTERNAL_PREFIX}/volume-users/{volume_id}",
                 headers={wire.TOKEN_HEADER: self._token}) for p in peers),

@@ -58,12 +58,13 @@ from aenv.cluster.gateway.idempotency import Claim, Idempotency, KeyReused
 from aenv.cluster.gateway.nodes import (
     CREATE_TIMEOUT_S,
     Answer,
+    NodeLinks,
     NodeUnreachable,
-    address,
     call,
     call_all,
 )
 from aenv.cluster.gateway.rl_home import RlHome
+from aenv.cluster.links import Links
 from aenv.cluster.membership import Members, NodeRecord
 from aenv.cluster.placement import (
     AlreadyBound,
@@ -116,6 +117,9 @@ class Gateway:
         self.token = config.cluster.token
         self.domain = config.domain.lower().encode() if config.domain else None
         self.pool = UpstreamPool()
+        links = Links.of(config.cluster)
+        self.links = NodeLinks(self.pool, links.client() if links is not None else None,
+                               config.cluster.insecure_links)  # fmt: skip
         self.policy = PreferLocal()
         self.api_key = ""
         self.etcd: Etcd | None = None
@@ -123,7 +127,7 @@ class Gateway:
         self.bindings: PrefixView[Binding] | None = None
         self.published: PrefixView[PublishedEntry] | None = None
         self.idem: Idempotency | None = None
-        self.orphans = orphans.GatewayOrphans(self.pool)  # creates nobody received
+        self.orphans = orphans.GatewayOrphans(self.links)  # creates nobody received
         # A burst's placements race for one reservation key per node: in turn, each wins its
         # first transaction (only other gateways' still race, placement.py).
         self._placing = asyncio.Lock()
@@ -252,7 +256,7 @@ class Gateway:
             return self.members.nodes.get(found[0])
         target = f"{wire.INTERNAL_PREFIX}/sandboxes/{sandbox_id}".encode()
         for node, a in zip(nodes := self._nodes(),
-                           await call_all(self.pool, nodes, "GET", target, self._internal()),
+                           await call_all(self.links, nodes, "GET", target, self._internal()),
                            strict=True):  # fmt: skip
             if isinstance(a, Answer) and a.status == 200:
                 self._found[sandbox_id] = (node.name, time.monotonic() + FOUND_TTL_S)
@@ -274,7 +278,7 @@ class Gateway:
         qs = scope.get("query_string", b"")
         target = f"{wire.INTERNAL_PREFIX}/signed-files?method={method}&".encode() + qs
         nodes = self._nodes()
-        for node, a in zip(nodes, await call_all(self.pool, nodes, "GET", target,
+        for node, a in zip(nodes, await call_all(self.links, nodes, "GET", target,
                                                  self._internal()), strict=True):  # fmt: skip
             if isinstance(a, Answer) and a.status == 200:
                 return node, str(a.json()["sandboxID"])
@@ -318,18 +322,25 @@ class Gateway:
         path = raw_path if raw_path is not None else \
             scope.get("raw_path") or scope["path"].encode()
         target = target_of(scope, path)
-        addr = address(node.url)
 
         def unreachable() -> dict[str, Any]:
             return {"code": 502, "message": f"node {node.name} is unreachable"}
+
+        try:
+            host, port, tls = self.links.address(node.url)
+        except ValueError as e:
+            log.warning("node %s: %s", node.name, e)
+            await deny(scope, send, 502, unreachable())
+            return "node_unreachable"
+        addr = (host, port)
 
         ex = Exchange()
         try:
             if scope["type"] == "websocket":
                 return await relay_websocket(scope, receive, send, addr, target, headers, ex,
-                                             unreachable)  # fmt: skip
+                                             unreachable, tls=tls)  # fmt: skip
             return await relay_http(self.pool, scope, receive, send, addr, target, headers, ex,
-                                    unreachable)  # fmt: skip
+                                    unreachable, tls=tls)  # fmt: skip
         except asyncio.CancelledError:
             if not ex.taken_back():
                 raise
@@ -366,7 +377,7 @@ class Gateway:
         assert self.published is not None
         req = callers.placement_request(body, nodes, list(self.published.items.values()))
         if req is None:  # not a create any node would make: its answer (400, 404) is ours
-            return await self._answer(send, await call(self.pool, nodes[0], "POST", target,
+            return await self._answer(send, await call(self.links, nodes[0], "POST", target,
                                                        headers, body))  # fmt: skip
         req = dataclasses.replace(req, quota=callers.quota(self.teams, scope))
         claim: tuple[str, Claim] | None = None
@@ -390,7 +401,7 @@ class Gateway:
         if claim is not None and claim[1].done:
             headers.append((wire.EXISTING_HEADER.encode(), b"1"))
         try:
-            answer = await call(self.pool, node, "POST", target, headers, body,
+            answer = await call(self.links, node, "POST", target, headers, body,
                                 timeout_s=CREATE_TIMEOUT_S)  # fmt: skip
         except NodeUnreachable as e:
             if not e.connected:  # it never got there: nothing to wait for
@@ -537,7 +548,7 @@ class Gateway:
             return "unauthorized"
         nodes = self._nodes()
         target = target_of(scope, scope["path"].encode())
-        answers = await call_all(self.pool, nodes, "GET", target, self._control_headers(scope))
+        answers = await call_all(self.links, nodes, "GET", target, self._control_headers(scope))
         merged = lists.merge(kind, scope.get("query_string", b""), answers)
         data = lists.body_bytes(merged)
         await send({"type": "http.response.start", "status": merged.status, "headers": [

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from aenv.api.upstream import ConnectFailed, UpstreamError, UpstreamPool
+from aenv.api.upstream import ConnectFailed, Tls, UpstreamError, UpstreamPool
+from aenv.cluster.links import loopback
 from aenv.cluster.membership import NodeRecord
 
 CALL_TIMEOUT_S = 30.0  # a listing or an internal question; a create waits for its boot
@@ -40,26 +42,48 @@ class Answer:
         return json.loads(self.body)
 
 
-def address(url: str) -> tuple[str, int]:
-    """`http://host:port` of a node record as the upstream pool's address."""
-    u = urlsplit(url)
-    if u.scheme != "http" or not u.hostname:
-        raise ValueError(f"node URL {url!r}: gateways reach nodes over http://host:port")
-    return u.hostname, u.port or 80
+@dataclass(frozen=True)
+class NodeLinks:
+    """A gateway's connections to its nodes (cluster/links.py): over TLS with the gateway's
+    certificate where a node's URL is https; plain HTTP to a node off this host only with
+    `insecure`."""
+
+    pool: UpstreamPool
+    tls: ssl.SSLContext | None = None
+    insecure: bool = False
+
+    def address(self, url: str) -> tuple[str, int, Tls]:
+        """Host, port and TLS of a node record's URL; ValueError for one not to use."""
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"node URL {url!r}: gateways reach nodes over http(s)://host:port")
+        if u.scheme == "http":
+            if not self.insecure and not loopback(url):
+                raise ValueError(f"node URL {url} is plain HTTP off this host: the cluster's "
+                                 "links need TLS (or cluster.insecure_links)")
+            return u.hostname, u.port or 80, False
+        if self.tls is None:
+            raise ValueError(f"node URL {url} is https: this gateway needs cluster.ca_file, "
+                             "cert_file and key_file")
+        return u.hostname, u.port or 443, self.tls
 
 
-async def call(pool: UpstreamPool, node: NodeRecord, method: str, target: bytes,
+async def call(links: NodeLinks, node: NodeRecord, method: str, target: bytes,
                headers: list[tuple[bytes, bytes]], body: bytes | None = None, *,
                timeout_s: float = CALL_TIMEOUT_S) -> Answer:  # fmt: skip
     """One request to `node`, its answer read whole. NodeUnreachable if the node cannot be
     reached, or broke the exchange."""
-    host, port = address(node.url)
+    try:
+        host, port, tls = links.address(node.url)
+    except ValueError as e:
+        raise NodeUnreachable(node.name, str(e), connected=False) from None
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await pool.request(
+            resp = await links.pool.request(
                 method, host, port, target, headers,
                 body=_once(body) if body is not None else None,
                 content_length=str(len(body)).encode() if body is not None else None,
+                tls=tls,
             )  # fmt: skip
             try:
                 data = b"".join([chunk async for chunk in resp.body()])
@@ -71,11 +95,11 @@ async def call(pool: UpstreamPool, node: NodeRecord, method: str, target: bytes,
     return Answer(resp.status, list(resp.headers), data)
 
 
-async def call_all(pool: UpstreamPool, nodes: Sequence[NodeRecord], method: str,
+async def call_all(links: NodeLinks, nodes: Sequence[NodeRecord], method: str,
                    target: bytes, headers: list[tuple[bytes, bytes]]
                    ) -> list[Answer | NodeUnreachable]:  # fmt: skip
     """The same bodiless request to every node at once, answers in the nodes' order."""
-    out = await asyncio.gather(*(call(pool, n, method, target, headers) for n in nodes),
+    out = await asyncio.gather(*(call(links, n, method, target, headers) for n in nodes),
                                return_exceptions=True)  # fmt: skip
     for r in out:
         if isinstance(r, BaseException) and not isinstance(r, NodeUnreachable):

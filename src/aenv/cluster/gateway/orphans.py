@@ -24,8 +24,8 @@ Headers = list[tuple[bytes, bytes]]
 
 
 class GatewayOrphans:
-    def __init__(self, pool: Any, keyed_grace_s: float = KEYED_GRACE_S) -> None:
-        self.pool = pool
+    def __init__(self, links: Any, keyed_grace_s: float = KEYED_GRACE_S) -> None:
+        self.links = links
         self.keyed_grace_s = keyed_grace_s
         self._tasks = TaskSet()
 
@@ -48,7 +48,7 @@ class GatewayOrphans:
             if c is None or c.received:
                 return
         try:
-            a = await call(self.pool, node, "DELETE", f"/sandboxes/{sandbox_id}".encode(),
+            a = await call(self.links, node, "DELETE", f"/sandboxes/{sandbox_id}".encode(),
                            headers)  # fmt: skip
         except NodeUnreachable as e:
             log.warning("orphan %s on %s: %s", sandbox_id, node.name, e)

@@ -12,6 +12,7 @@ import uvicorn
 from aenv.api.serving import GracefulServer, listen, tls_options
 from aenv.cluster.gateway.app import Gateway
 from aenv.cluster.gateway.settings import GatewayConfigError
+from aenv.cluster.links import LinksRefused
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
@@ -27,10 +28,10 @@ def run(config: Config, port: int | None = None) -> int:
         print(f"aenv gateway: cannot listen on {config.host}:{port}: {e.strerror}",
               file=sys.stderr)  # fmt: skip
         return 1
-    gateway = Gateway(config)
     try:
+        gateway = Gateway(config)  # its links' certificates load here
         gateway.check_config()
-    except GatewayConfigError as e:
+    except (GatewayConfigError, LinksRefused) as e:
         sock.close()
         print(f"aenv gateway: {e}", file=sys.stderr)
         return 1
