@@ -31,7 +31,7 @@ from aenv.api.cluster_caller import from_cluster
 from aenv.api.sandboxes import fork_results
 from aenv.api.takeover import sharing_of
 from aenv.cluster import wire
-from aenv.cluster.takeover import record_of
+from aenv.cluster.takeover import record_of, sealer_of
 from aenv.machines.api import TemplateNotFound
 from aenv.orchestrator import mounts
 from aenv.orchestrator.states import PUBLIC_STATE
@@ -125,7 +125,8 @@ async def fork_children(request: Request) -> Any:
     fork's snapshot (fetched from that node) are here; one entry each, as a fork's."""
     try:
         body = ForkChildren.model_validate_json(await request.body())
-        kids = [record_of(k, sharing_of(request).sealer()) for k in body.children]
+        sealer = sealer_of(request.app.state.orchestrator.secrets_key)
+        kids = [record_of(k, sealer) for k in body.children]
     except (ValidationError, KeyError, TypeError, ValueError, VaultError):
         raise ApiError(400, "expected {snapshot, source: {node, url}, children: [sandbox "
                        "records]}") from None  # fmt: skip

@@ -35,7 +35,7 @@ from aenv.cluster.membership import NodeRecord, others
 from aenv.cluster.peers import PeerChunks, describe
 from aenv.cluster.published import PublishedEntry, newest, parse_entry, published_key
 from aenv.cluster.published import published_prefix as catalog_prefix
-from aenv.cluster.takeover import Takeover
+from aenv.cluster.takeover import Takeover, sealer_of
 from aenv.machines.api import SnapshotInfo, TemplateInfo, TemplateNotFound
 from aenv.machines.machine import FORK_PREFIX
 from aenv.orchestrator import mounts
@@ -116,9 +116,7 @@ class Sharing:
     # -- what the record says ---------------------------------------------------------------
 
     def sealer(self) -> Sealer:
-        """What seals the records that leave this node: the cluster's key, which every node
-        holds once joined (takeover.record_json)."""
-        return Sealer.of_key(self.orch.secrets_key)
+        return sealer_of(self.orch.secrets_key)
 
     def cached(self) -> list[str]:
         """Copies fetched here, snapshots and templates (peers may fetch from them too)."""

@@ -51,6 +51,12 @@ log = logging.getLogger("aenv.cluster")
 PUBLISH_METADATA = "aenv.publish"  # "true" / "false": this sandbox's pauses are published
 
 
+def sealer_of(secrets_key: bytes) -> Sealer:
+    """What seals the records that leave a node: the cluster's key (the node's
+    `secrets_key` once it has joined), which every node holds."""
+    return Sealer.of_key(secrets_key)
+
+
 def record_json(rec: SandboxRecord, sealer: Sealer) -> dict[str, Any]:
     """A record as it leaves the node (etcd, the object store, a peer), what grants access
     sealed under the cluster's key."""
