@@ -40,7 +40,7 @@ from e2b import Sandbox, Volume
 from e2b.exceptions import VolumeException
 
 from tests.support import census
-from tests.support.cluster import Child, gateway, gateway_ready
+from tests.support.cluster import Child, gateway, gateway_ready, link_env
 from tests.support.counter import counting
 from tests.support.etcd import EtcdCluster, etcd_cluster
 from tests.support.host import DATA_DIR
@@ -137,10 +137,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             # templates n1 lacks.
             env = ({"AENV_MAX_SANDBOXES": "1", **_own_catalog(own, *TEMPLATES)} if i == 0
                    else _own_catalog(own))  # fmt: skip
+            # Over the cluster's TLS links (issue 33): takeovers, cross-node forks and
+            # peer snapshot fetches all cross them.
             nodes.append(stack.enter_context(running_node(
                 tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
-                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common, **env)))  # fmt: skip
-        gw = gateway(tmp, "gateway", common, API_KEY)
+                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common, **env,
+                **link_env(tmp, f"n{i}"))))  # fmt: skip
+        gw = gateway(tmp, "gateway", {**common, **link_env(tmp, "gateway", node=False)},
+                     API_KEY)  # fmt: skip
         gw.start(gateway_ready(gw, len(nodes)))
         stack.callback(lambda: print(gw.tail(100)))
         stack.callback(lambda: gw.stop() == 0 or pytest.fail(f"gateway exit:\n{gw.tail()}"))

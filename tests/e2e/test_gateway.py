@@ -27,7 +27,7 @@ from e2b import Sandbox, Template
 
 from tests.support import census
 from tests.support.client_ns import client_namespace
-from tests.support.cluster import Child, gateway, gateway_ready, haproxy
+from tests.support.cluster import Child, gateway, gateway_ready, haproxy, link_env
 from tests.support.etcd import EtcdCluster, etcd_cluster
 from tests.support.tls import make_certs
 
@@ -79,9 +79,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         nodes = []
         for i, (inst, net) in enumerate(zip(instances, SLOT_NETWORKS, strict=True)):
             (tmp / f"n{i}").mkdir()
-            nodes.append(stack.enter_context(running_node(
+            nodes.append(stack.enter_context(running_node(  # over TLS links (issue 33)
                 tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
-                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common)))  # fmt: skip
+                AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common,
+                **link_env(tmp, f"n{i}"))))  # fmt: skip
+        common = {**common, **link_env(tmp, "gateway", node=False)}  # the gateways'
         gws = []
         for i in range(2):
             gw = gateway(tmp, f"gateway{i}", common, API_KEY)

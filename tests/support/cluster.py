@@ -117,3 +117,20 @@ backend gateways
 {check}{servers}
 """)
     return Child([HAPROXY, "-db", "-f", str(cfg)], port, cfg.with_suffix(".log"))
+
+
+def link_env(tmp: Path, name: str, *, node: bool = True) -> dict[str, str]:
+    """The environment that puts a node or gateway `name` on the cluster's TLS links
+    (cluster/links.py): the test cluster's CA (made once in `tmp`/links-ca), a certificate
+    for `name`, and for a node its cluster listener's port."""
+    from aenv.cluster import ca
+
+    d = tmp / "links-ca"
+    if not (d / "ca.pem").exists():
+        ca.init(d)
+    cert, key = ca.issue(d, name, ["127.0.0.1", "localhost"])
+    env = {"AENV_CLUSTER_CA_FILE": str(d / "ca.pem"), "AENV_CLUSTER_CERT_FILE": str(cert),
+           "AENV_CLUSTER_KEY_FILE": str(key)}
+    if node:
+        env["AENV_CLUSTER_LINK_PORT"] = str(free_port())
+    return env
