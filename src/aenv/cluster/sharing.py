@@ -89,7 +89,8 @@ class Sharing:
         self._sweep: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._fetching: dict[str, asyncio.Lock] = {}
-        self.client = httpx.AsyncClient(verify=verify_for(cfg.cluster))  # peers (links.py)
+        self._verify = verify_for(cfg.cluster)  # peers' TLS (links.py)
+        self.client = httpx.AsyncClient(verify=self._verify)
 
     def accel(self) -> str | None:
         accel = getattr(self.runtime, "accel", None)
@@ -247,7 +248,7 @@ class Sharing:
         data = sum(sum(1 for c in f.chunks if c != sums.ZERO) for f in pub.files.values())
         self.orch._admit_space((data * pub.chunk_size) >> 20, "fetch a snapshot")
         t0 = time.perf_counter()
-        with httpx.Client() as client:
+        with httpx.Client(verify=self._verify) as client:
             sources: list[transfer.ChunkSource] = [
                 PeerChunks(name, url, pub.snapshot_id, self.cfg.cluster.token, client)
                 for name, url in peers]  # fmt: skip
