@@ -80,6 +80,9 @@ class ClusterConfig(BaseModel):
     key_file: Path | None = None
     link_port: int = Field(0, ge=0, le=65535)
     insecure_links: bool = False
+    # Rotation (docs/cluster.md "Rotation"): more tokens a node takes besides `token`, while
+    # the cluster's members move from one to the next.
+    accept_tokens: list[str] = Field(default_factory=list)
 
     @property
     def link_tls(self) -> bool:
@@ -539,6 +542,8 @@ def load(
             cluster[key] = env[ENV_PREFIX + suffix]
     if ENV_PREFIX + "ETCD_ENDPOINTS" in env:  # "http://10.0.0.1:2379,http://10.0.0.2:2379"
         cluster["etcd_endpoints"] = _csv(env[ENV_PREFIX + "ETCD_ENDPOINTS"])
+    if ENV_PREFIX + "CLUSTER_ACCEPT_TOKENS" in env:  # comma-separated
+        cluster["accept_tokens"] = _csv(env[ENV_PREFIX + "CLUSTER_ACCEPT_TOKENS"])
     data["cluster"] = cluster
     network = _table(data, "network", file)
     for suffix, key in _NETWORK_ENV.items():

@@ -18,7 +18,7 @@ from typing import Any
 Loc = tuple[str | int, ...]
 
 # A setting whose last name part reads like this holds a secret: its value is never shown.
-_SECRET = re.compile(r"(?:^|_)(?:key|token|password|passwd|secret|credentials?)$", re.I)
+_SECRET = re.compile(r"(?:^|_)(?:key|tokens?|password|passwd|secret|credentials?)$", re.I)
 _USERINFO = re.compile(r"(://)[^/@\s'\"]+@")  # http://user:pass@host: credentials in a URL
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _MAX_VALUE = 80

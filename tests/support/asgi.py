@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Generator
+import ssl
+from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
 import uvicorn
@@ -18,9 +19,11 @@ class _QuietServer(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Any, port: int = 0, **config: Any) -> AsyncIterator[int]:
+async def serve(app: Any, port: int = 0, *, tls_to: Callable[[ssl.SSLContext], Any] | None = None,
+                **config: Any) -> AsyncIterator[int]:  # fmt: skip
     """Serve `app` (lifespan off: the caller starts it) on `port` (0: a free one); yields
-    the port. `config`: more uvicorn settings (ssl_certfile, ssl_keyfile)."""
+    the port. `config`: more uvicorn settings (ssl_certfile, ssl_keyfile); `tls_to` is
+    given the TLS context uvicorn made from them."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
@@ -34,6 +37,8 @@ async def serve(app: Any, port: int = 0, **config: Any) -> AsyncIterator[int]:
         if task.done():
             task.result()
         await asyncio.sleep(0.01)
+    if tls_to is not None and server.config.ssl is not None:
+        tls_to(server.config.ssl)
     try:
         yield port
     finally:

@@ -74,7 +74,9 @@ def build_api(node: Node) -> FastAPI:
     api.state.domain = node.config.domain or None
     api.state.builds = node.builds
     api.state.images = node.images
-    api.state.cluster_token = node.config.cluster.token
+    api.state.cluster_token = node.config.cluster.token  # what it sends
+    # What it takes: during a rotation the next (or the last) token too.
+    api.state.cluster_tokens = [node.config.cluster.token, *node.config.cluster.accept_tokens]
     # Where the cluster's links use TLS, the token counts only on the cluster listener.
     api.state.link_port = link_port(node.config) if node.config.cluster.link_tls else 0
     api.state.proxy = node.proxy

@@ -14,4 +14,5 @@ def from_cluster(request: Request) -> bool:
     state = request.app.state
     if state.link_port and (request.scope.get("server") or ("", 0))[1] != state.link_port:
         return False
-    return wire.token_ok(state.cluster_token, request.headers.get(wire.TOKEN_HEADER))
+    given = request.headers.get(wire.TOKEN_HEADER)
+    return any(wire.token_ok(t, given) for t in state.cluster_tokens)

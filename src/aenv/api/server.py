@@ -39,13 +39,14 @@ class _LinkServer(uvicorn.Server):
 
 class _Server(GracefulServer):
     def __init__(self, config: uvicorn.Config, node: Node,
-                 link: tuple[uvicorn.Config, socket.socket] | None = None) -> None:
+                 link: tuple[Links, uvicorn.Config, socket.socket] | None = None) -> None:
         super().__init__(config)
         self.node = node
         self._loop: asyncio.AbstractEventLoop | None = None
         self._link = link
         self._link_server: _LinkServer | None = None
         self._link_task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -54,14 +55,20 @@ class _Server(GracefulServer):
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         await super().startup(sockets)
         if not self.should_exit and self._link is not None:
-            config, sock = self._link
+            links, config, sock = self._link
+            config.load()
+            assert config.ssl is not None
+            links.track(config.ssl)  # replaced certificate files reach it (rotation)
             self._link_server = _LinkServer(config)
             self._link_task = asyncio.create_task(self._link_server.serve([sock]))
+            self._watch = asyncio.create_task(links.watch())
         if not self.should_exit:  # serving: say how to reach it
             print(first_contact(self.node.config), flush=True)
 
     async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         if self._link_server is not None and self._link_task is not None:
+            assert self._watch is not None
+            self._watch.cancel()
             self._link_server.should_exit = True  # the cluster's calls stop with the rest
             await self._link_task
         await super().shutdown(sockets)
@@ -112,8 +119,8 @@ def run(config: Config) -> int:
         return 1
     node = Node(config)
     server = _Server(uvicorn_config(node, config), node,
-                     None if link is None else (uvicorn_config(node, config, link=link[0]),
-                                                link[1]))  # fmt: skip
+                     None if link is None else (link[0], uvicorn_config(node, config,
+                                                                        link=link[0]), link[1]))
     log_event(log, "server.starting", host=config.host, port=config.port,
               data_dir=str(config.data_dir), runtime=config.runtime)  # fmt: skip
     server.run(sockets=[sock])

@@ -18,33 +18,77 @@ unless `insecure_links` says otherwise (logged at every start).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import ipaddress
 import logging
 import ssl
-from dataclasses import dataclass
+import weakref
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from aenv.config import ClusterConfig, Config
 
 log = logging.getLogger("aenv.cluster")
+RELOAD_CHECK_S = 10.0  # how soon replaced certificate files are taken
 
 
 class LinksRefused(Exception):
     """A link this configuration must not use, or certificates that do not load: one line."""
 
 
-@dataclass(frozen=True)
 class Links:
-    ca_file: Path
-    cert_file: Path
-    key_file: Path
+    """One per set of files in a process (`of`): every context made from them is kept, so
+    that new files (a rotation: docs/cluster.md) reach all of them without a restart."""
+
+    def __init__(self, ca_file: Path, cert_file: Path, key_file: Path) -> None:
+        self.ca_file, self.cert_file, self.key_file = ca_file, cert_file, key_file
+        self._contexts: weakref.WeakSet[ssl.SSLContext] = weakref.WeakSet()
+        self._seen = self._stamp()
 
     @classmethod
     def of(cls, cfg: ClusterConfig) -> Links | None:
         if cfg.ca_file is None or cfg.cert_file is None or cfg.key_file is None:
             return None
-        return cls(cfg.ca_file, cfg.cert_file, cfg.key_file)
+        return _links(cfg.ca_file, cfg.cert_file, cfg.key_file)
+
+    def track(self, ctx: ssl.SSLContext) -> ssl.SSLContext:
+        """Reload `ctx` with the rest (the cluster listener's, which uvicorn made)."""
+        self._contexts.add(ctx)
+        return ctx
+
+    def reload(self) -> bool:
+        """Load the files again into every context (a handshake from now on uses them):
+        the new certificate and key, and the CA file's certificates besides those already
+        trusted (the old CA stays trusted until a restart: the overlap). False, logged, if
+        the new files do not load: the old ones stay."""
+        try:
+            self.server()  # the pair and the CA file load, or nothing changes
+        except (LinksRefused, ssl.SSLError) as e:
+            log.error("links.reload_failed: %s", e)
+            return False
+        for ctx in list(self._contexts):
+            ctx.load_verify_locations(cafile=str(self.ca_file))
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        self._seen = self._stamp()
+        log.info("links.reloaded: %s", self.cert_file)
+        return True
+
+    async def watch(self, every_s: float = RELOAD_CHECK_S) -> None:
+        """Reload whenever a file changes (checked every `every_s`)."""
+        while True:
+            await asyncio.sleep(every_s)
+            if self._stamp() != self._seen:
+                self.reload()
+
+    def _stamp(self) -> tuple[float, ...]:
+        out = []
+        for p in (self.ca_file, self.cert_file, self.key_file):
+            try:
+                out.append(p.stat().st_mtime)
+            except OSError:
+                out.append(-1.0)
+        return tuple(out)
 
     def client(self) -> ssl.SSLContext:
         """For calls to nodes: theirs verified against the cluster's CA and the URL's host,
@@ -52,7 +96,7 @@ class Links:
         ctx = ssl.create_default_context(cafile=self._path(self.ca_file))
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         self._load(ctx)
-        return ctx
+        return self.track(ctx)
 
     def server(self) -> ssl.SSLContext:
         """The cluster listener's: every caller shows a certificate of the cluster's CA."""
@@ -80,6 +124,11 @@ class Links:
         if not p.is_file():
             raise LinksRefused(f"{p} (a cluster certificate setting) is not a readable file")
         return str(p)
+
+
+@functools.cache
+def _links(ca_file: Path, cert_file: Path, key_file: Path) -> Links:
+    return Links(ca_file, cert_file, key_file)
 
 
 def verify_for(cfg: ClusterConfig) -> ssl.SSLContext | bool:

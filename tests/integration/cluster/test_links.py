@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
 
 from aenv.api.app import Node
 from aenv.cluster import ca, wire
@@ -99,7 +101,8 @@ def _tls(d: Path, name: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def linked(tmp: Path, etcd: EtcdCluster, tls: bool) -> AsyncIterator[Linked]:
+async def linked(tmp: Path, etcd: EtcdCluster, tls: bool,
+                 accept: tuple[str, ...] = ()) -> AsyncIterator[Linked]:  # fmt: skip
     d = _certs(tmp)
     prefix = f"/ln{os.urandom(3).hex()}/"
     async with contextlib.AsyncExitStack() as stack:
@@ -108,7 +111,7 @@ async def linked(tmp: Path, etcd: EtcdCluster, tls: bool) -> AsyncIterator[Linke
             port, link = free_port(), free_port()
             relay, rec = await stack.enter_async_context(recording(link))
             scheme = "https" if tls else "http"
-            cluster = {"node_name": f"n{i}", "link_port": link,
+            cluster = {"node_name": f"n{i}", "link_port": link, "accept_tokens": list(accept),
                        "node_url": f"{scheme}://127.0.0.1:{relay}",
                        **(_tls(d, f"n{i}") if tls else {})}  # fmt: skip
             cfg = _cfg(tmp / f"n{i}", etcd, prefix, cluster, port=port, host="127.0.0.1")
@@ -116,7 +119,10 @@ async def linked(tmp: Path, etcd: EtcdCluster, tls: bool) -> AsyncIterator[Linke
             await node.start()
             stack.push_async_callback(node.close)
             await stack.enter_async_context(serve(node, port))
-            opts = Links.of(cfg.cluster).uvicorn_options() if tls else {}  # type: ignore[union-attr]
+            own = Links.of(cfg.cluster)
+            opts: dict[str, Any] = {}
+            if own is not None:  # the listener's context is reloaded with the rest
+                opts = {**own.uvicorn_options(), "tls_to": own.track}
             await stack.enter_async_context(serve(node, link, **opts))
             nodes.append(node)
             links.append(link)
@@ -237,3 +243,96 @@ def test_plain_links_off_this_host_and_bad_certificates_are_refused(tmp_path: Pa
         wrong.server()
     with pytest.raises(LinksRefused, match="not a readable file"):
         Links(d / "nope.pem", d / "n0.pem", d / "n0.key").client()
+
+
+def _served(port: int, ctx: ssl.SSLContext) -> x509.Certificate:
+    """The certificate a new handshake with the listener on `port` shows."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:  # fmt: skip
+        der = s.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+async def test_certificates_rotate_under_traffic_without_a_restart(
+    tmp_path: Path, one: EtcdCluster
+) -> None:
+    """A new CA joins the bundle, then every member's certificate is replaced by one the new
+    CA signed, while requests go through the gateway: none fails, and new handshakes show
+    the new certificates (Links.reload, what `watch` calls when the files change)."""
+    async with linked(tmp_path, one, True) as c:
+        d = tmp_path / "ca"
+        gw_links = Links.of(ClusterConfig(**_tls(d, "gw")))
+        assert gw_links is not None
+        probe = gw_links.client()
+        before = await asyncio.to_thread(_served, c.links[0], probe)
+        failures: list[str] = []
+        stop = asyncio.Event()
+
+        async def traffic() -> int:
+            n = 0
+            async with httpx.AsyncClient(base_url=c.origin, headers={"X-API-Key": KEY},
+                                         timeout=30) as api:  # fmt: skip
+                while not stop.is_set():
+                    r = await api.post("/sandboxes", json={"templateID": "base"})
+                    if r.status_code != 201:
+                        failures.append(r.text)
+                        continue
+                    r = await api.delete(f"/sandboxes/{r.json()['sandboxID']}")
+                    if r.status_code != 204:
+                        failures.append(r.text)
+                    n += 1
+            return n
+
+        load = asyncio.create_task(traffic())
+        await asyncio.sleep(0.5)
+        # 1. the new CA next to the old one in every member's CA file
+        ca.init(tmp_path / "ca2", name="aenv cluster CA 2")
+        bundle = (d / "ca.pem").read_text() + (tmp_path / "ca2" / "ca.pem").read_text()
+        (d / "ca.pem").write_text(bundle)
+        assert gw_links.reload() and all(Links.of(n.config.cluster).reload()  # type: ignore[union-attr]
+                                         for n in c.nodes)  # fmt: skip
+        await asyncio.sleep(0.5)
+        # 2. each member's certificate from the new CA, one after the other
+        for name in ("n0", "n1", "gw"):
+            cert, key = ca.issue(tmp_path / "ca2", name, ["127.0.0.1"])
+            (d / f"{name}.pem").write_bytes(cert.read_bytes())
+            (d / f"{name}.key").write_bytes(key.read_bytes())
+        for links in {gw_links, *(Links.of(n.config.cluster) for n in c.nodes)}:
+            assert links is not None and links.reload()
+        await asyncio.sleep(0.5)
+        stop.set()
+        done = await load
+        assert failures == [] and done > 5, (failures, done)
+        after = await asyncio.to_thread(_served, c.links[0], probe)
+        assert after.serial_number != before.serial_number
+        new_ca = x509.load_pem_x509_certificate((tmp_path / "ca2" / "ca.pem").read_bytes())
+        assert after.issuer == new_ca.subject != before.issuer
+
+
+
+async def test_a_token_rotation_takes_the_next_token_beside_the_current(
+    tmp_path: Path, one: EtcdCluster
+) -> None:
+    """Nodes that take `accept_tokens` beside their own: a gateway already on the next
+    token is served; one with a token no node takes is not."""
+    async with linked(tmp_path, one, True, accept=("next-token",)) as c:
+        prefix = c.nodes[0].config.cluster.prefix
+        for token, ok in (("next-token", True), ("bogus-token", False)):
+            gw = Gateway(_cfg(tmp_path / f"gw-{token}", one, prefix,
+                              {**_tls(tmp_path / "ca", "gw"), "token": token}))  # fmt: skip
+            await gw.start()
+            try:
+                async with serve(gw) as port, httpx.AsyncClient(
+                        base_url=f"http://127.0.0.1:{port}", headers={"X-API-Key": KEY},
+                        timeout=30) as api:  # fmt: skip
+                    for _ in range(100):
+                        if gw.members is not None and len(gw.members.nodes) == 2:
+                            break
+                        await asyncio.sleep(0.05)
+                    r = await api.post("/sandboxes", json={"templateID": "base"})
+                    assert (r.status_code == 201) == ok, r.text
+                    if ok:
+                        await api.delete(f"/sandboxes/{r.json()['sandboxID']}")
+            finally:
+                await gw.close()

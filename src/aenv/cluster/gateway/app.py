@@ -120,6 +120,7 @@ class Gateway:
         links = Links.of(config.cluster)
         self.links = NodeLinks(self.pool, links.client() if links is not None else None,
                                config.cluster.insecure_links)  # fmt: skip
+        self._watch: asyncio.Task[None] | None = None
         self.policy = PreferLocal()
         self.api_key = ""
         self.etcd: Etcd | None = None
@@ -161,8 +162,13 @@ class Gateway:
         except BaseException:
             await self.close()
             raise
+        links = Links.of(cfg)
+        if links is not None:  # replaced certificate files are taken (rotation)
+            self._watch = asyncio.create_task(links.watch())
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         await self.orphans.close()
         for view in (self.published, self.bindings, self.members, self.teams):
             if view is not None:
