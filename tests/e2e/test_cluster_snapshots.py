@@ -53,6 +53,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 TOKEN = "e2e-cluster-token"
 SLOT_NETWORKS = ("198.19.0.0/18", "198.19.64.0/18")
 BUCKET = "aenv-e2e"
+PROXY_NET, PROXY = "198.18.200.0/24", "198.18.200.7:1080"
+PROXY_PASSWORD = "proxy-pass-e2e-marker"
 TEMPLATES = ("tpl-peer", "tpl-store")  # n0's alone: n1 fetches them from n0, from the store
 
 
@@ -62,6 +64,29 @@ class Cluster:
     prefix: str
     nodes: list[NodeProcess]
     gateway: Child
+    s3_url: str = ""
+
+    def holds_in_the_clear(self, secret: str) -> list[str]:
+        """Where `secret` is readable as it is: etcd's values under the prefix, the store's
+        objects, the nodes' databases (issue 33: records sealed at rest)."""
+        where = []
+        p = self.prefix.encode()
+        body = {"key": base64.b64encode(p).decode(),
+                "range_end": base64.b64encode(p[:-1] + bytes([p[-1] + 1])).decode()}
+        kvs = httpx.post(self.etcd.endpoints[0] + "/v3/kv/range", json=body,
+                         timeout=10).json().get("kvs", [])  # fmt: skip
+        where += [base64.b64decode(kv["key"]).decode() for kv in kvs
+                  if secret.encode() in base64.b64decode(kv["value"])]  # fmt: skip
+        s3 = boto3.client("s3", endpoint_url=self.s3_url)
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+            for o in page.get("Contents", []):
+                if secret.encode() in s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read():
+                    where.append(f"s3://{BUCKET}/{o['Key']}")
+        for n in self.nodes:
+            for f in DATA_DIR.glob(f"{n.env['AENV_INSTANCE']}.db*"):
+                if secret.encode() in f.read_bytes():
+                    where.append(str(f))
+        return where
 
     def get(self, key: str) -> dict | None:  # type: ignore[type-arg]
         k = base64.b64encode(f"{self.prefix}{key}".encode()).decode()
@@ -127,7 +152,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         common = {"AENV_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "AENV_CLUSTER_PREFIX": prefix,
                   "AENV_CLUSTER_TOKEN": TOKEN, "AENV_STORE_URL": f"s3://{BUCKET}/c",
                   "AENV_STORE_ENDPOINT_URL": s3.endpoint_url,
-                  "AENV_VOLUMES_DIR": str(tmp / "volumes")}  # fmt: skip
+                  "AENV_VOLUMES_DIR": str(tmp / "volumes"),
+                  # a (dead) egressProxy's address, public to the nodes (issue 33's test)
+                  "AENV_NETWORK_PUBLIC_RANGES": PROXY_NET}  # fmt: skip
         nodes = []
         for i, (inst, net) in enumerate(zip(instances, SLOT_NETWORKS, strict=True)):
             (tmp / f"n{i}").mkdir()
@@ -149,7 +176,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         stack.callback(lambda: print(gw.tail(100)))
         stack.callback(lambda: gw.stop() == 0 or pytest.fail(f"gateway exit:\n{gw.tail()}"))
         with sdk_pointed_at(gw):  # type: ignore[arg-type]
-            yield Cluster(etcd, prefix, nodes, gw)
+            yield Cluster(etcd, prefix, nodes, gw, s3.endpoint_url)
 
 
 def _nodes_seen(cluster: Cluster, n: int, timeout: float = 30) -> float:
@@ -169,7 +196,11 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
     cluster: Cluster,
 ) -> None:
     n0, n1 = cluster.nodes
-    sbx = Sandbox.create(timeout=300, metadata={"aenv.publish": "true"})
+    # With an egressProxy whose password must be nowhere in the clear (issue 33); the proxy
+    # is dead: what counts is that the node it moves to dials it.
+    proxy = {"address": PROXY, "username": "u", "password": PROXY_PASSWORD}
+    sbx = Sandbox.create(timeout=300, metadata={"aenv.publish": "true"},
+                         network={"egress_proxy": proxy})
     try:
         assert cluster.get(f"bindings/{sbx.sandbox_id}")["node"] == "n0"  # type: ignore[index]
         # A counter that lives in memory only (a shell variable, shown in tmpfs).
@@ -181,12 +212,15 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
         entry = cluster.wait_for(f"paused/{sbx.sandbox_id}")
         assert entry is not None and entry["node"] == "n0" and entry["kind"] == "paused"
         # A network update while paused is published again, so it moves with the sandbox.
-        sbx.update_network({"deny_out": ["203.0.113.0/24"]})
+        # (an update replaces the whole policy: the proxy, password and all, is given again)
+        sbx.update_network({"deny_out": ["203.0.113.0/24"], "egress_proxy": proxy})
         deadline = time.monotonic() + 60
         while (again := cluster.get(f"paused/{sbx.sandbox_id}")) is None or (
                 again["published_at"] == entry["published_at"]):  # fmt: skip
             assert time.monotonic() < deadline, "the update was not published"
             time.sleep(0.2)
+
+        assert cluster.holds_in_the_clear(PROXY_PASSWORD) == []
 
         n0.kill9()
         lost_s = _nodes_seen(cluster, 1)
@@ -201,6 +235,16 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
         assert "took over paused sandbox" in n1.log.read_text(errors="replace")
         network = back.get_info().network
         assert network is not None and network.get("deny_out") == ["203.0.113.0/24"], network
+        # n1 opened the sealed policy: the guest's TCP goes to the proxy (dead: refused)
+        # (the dial gives up after socks.DIAL_TIMEOUT_S: 10 s to an address that never answers)
+        tried = back.commands.run("curl -s -m 20 http://198.18.200.9/ >/dev/null; echo $?",
+                                  timeout=60)  # fmt: skip
+        assert tried.stdout.strip() != "0"
+        deadline = time.monotonic() + 15
+        while _proxy_failed(n1) < 1:
+            assert time.monotonic() < deadline, "n1 never dialled the sandbox's egressProxy"
+            time.sleep(0.5)
+        assert cluster.holds_in_the_clear(PROXY_PASSWORD) == []
 
         # n0 comes back: its copy of the sandbox, now n1's, is freed there.
         n0.start()
@@ -216,6 +260,13 @@ def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its
     finally:
         with contextlib.suppress(Exception):
             Sandbox.kill(sbx.sandbox_id)
+
+
+def _proxy_failed(node: NodeProcess) -> float:
+    with node.api() as c:
+        text = c.get("/metrics").text
+    m = re.search(r'^aenv_egress_tunnels_total\{outcome="proxy_failed"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def _demoted_by_drain(node: NodeProcess) -> bool:
