@@ -97,7 +97,9 @@ def haproxy(tmp: Path, backends: list[Child], *, bind: str = "127.0.0.1",
     port = port or free_port()
     servers = "\n".join(f"    server b{i} 127.0.0.1:{b.port} check inter 200ms fall 1 rise 1"
                         for i, b in enumerate(backends))  # fmt: skip
-    http = "" if tcp else "    retry-on conn-failure empty-response\n"
+    # HTTP mode: a client that leaves closes the request to the gateway too (abortonclose),
+    # as a TCP-mode balancer would, so the gateway sees it leave (issue 31: no orphans).
+    http = "" if tcp else "    retry-on conn-failure empty-response\n    option abortonclose\n"
     check = "" if tcp else "    option httpchk GET /health\n"
     cfg = tmp / ("haproxy-tcp.cfg" if tcp else "haproxy.cfg")
     cfg.write_text(f"""global
