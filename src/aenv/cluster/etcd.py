@@ -90,7 +90,7 @@ class EtcdSecurity:
             u = urlsplit(e)
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise EtcdRefused(f"etcd endpoint {e!r} is not an http(s)://host:port URL")
-            if _loopback(u.hostname):
+            if loopback_host(u.hostname):
                 continue
             if not self.authenticated:
                 if not self.insecure:
@@ -108,11 +108,12 @@ class EtcdSecurity:
     def protects(self, endpoints: Sequence[str]) -> bool:
         """Whether what is written to etcd stays between this host and etcd: every endpoint
         on this host, or reached over https with authentication."""
-        return all(_loopback(urlsplit(e).hostname or "") or
+        return all(loopback_host(urlsplit(e).hostname or "") or
                    (e.startswith("https:") and self.authenticated) for e in endpoints)
 
 
-def _loopback(host: str) -> bool:
+def loopback_host(host: str) -> bool:
+    """This host: localhost or a loopback address."""
     if host == "localhost":
         return True
     try:

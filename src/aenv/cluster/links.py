@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import logging
 import ssl
 import weakref
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from aenv.cluster.etcd import loopback_host
 from aenv.config import ClusterConfig, Config
 
 log = logging.getLogger("aenv.cluster")
@@ -142,13 +142,7 @@ def link_port(cfg: Config) -> int:
 
 
 def loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return loopback_host(urlsplit(url).hostname or "")
 
 
 def check_plain(cfg: ClusterConfig, url: str, what: str) -> None:
