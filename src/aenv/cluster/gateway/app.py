@@ -403,6 +403,9 @@ class Gateway:
         node = await self._place(send, req, nodes, claim)
         if node is None:
             return "not_placed"
+        if client.has_left(watcher):  # it left while placements queued: make nothing
+            await self._give_back(req.sandbox_id, claim)
+            return "client_gone"
         headers.append((wire.SANDBOX_ID_HEADER.encode(), req.sandbox_id.encode()))
         if claim is not None and claim[1].done:
             headers.append((wire.EXISTING_HEADER.encode(), b"1"))
