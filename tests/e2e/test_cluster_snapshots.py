@@ -42,7 +42,7 @@ from e2b.exceptions import VolumeException
 from tests.support import census
 from tests.support.cluster import Child, gateway, gateway_ready, link_env
 from tests.support.counter import counting
-from tests.support.etcd import EtcdCluster, etcd_cluster
+from tests.support.etcd import EtcdCluster, secured_etcd
 from tests.support.host import DATA_DIR
 from tests.support.s3 import moto_s3
 
@@ -73,8 +73,7 @@ class Cluster:
         p = self.prefix.encode()
         body = {"key": base64.b64encode(p).decode(),
                 "range_end": base64.b64encode(p[:-1] + bytes([p[-1] + 1])).decode()}
-        kvs = httpx.post(self.etcd.endpoints[0] + "/v3/kv/range", json=body,
-                         timeout=10).json().get("kvs", [])  # fmt: skip
+        kvs = self.etcd.call("/v3/kv/range", body).get("kvs", [])
         where += [base64.b64decode(kv["key"]).decode() for kv in kvs
                   if secret.encode() in base64.b64decode(kv["value"])]  # fmt: skip
         s3 = boto3.client("s3", endpoint_url=self.s3_url)
@@ -90,19 +89,17 @@ class Cluster:
 
     def get(self, key: str) -> dict | None:  # type: ignore[type-arg]
         k = base64.b64encode(f"{self.prefix}{key}".encode()).decode()
-        r = httpx.post(self.etcd.endpoints[0] + "/v3/kv/range", json={"key": k}, timeout=5)
-        kvs = r.json().get("kvs", [])
+        kvs = self.etcd.call("/v3/kv/range", {"key": k}).get("kvs", [])
         return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
 
     def put(self, key: str, value: str) -> None:
         b = {"key": base64.b64encode(f"{self.prefix}{key}".encode()).decode(),
              "value": base64.b64encode(value.encode()).decode()}  # fmt: skip
-        httpx.post(self.etcd.endpoints[0] + "/v3/kv/put", json=b, timeout=5).raise_for_status()
+        self.etcd.call("/v3/kv/put", b)
 
     def delete(self, key: str) -> None:
         b = {"key": base64.b64encode(f"{self.prefix}{key}".encode()).decode()}
-        httpx.post(self.etcd.endpoints[0] + "/v3/kv/deleterange", json=b,
-                   timeout=5).raise_for_status()  # fmt: skip
+        self.etcd.call("/v3/kv/deleterange", b)
 
     def wait_for(self, key: str, present: bool = True, timeout: float = 120) -> dict | None:  # type: ignore[type-arg]
         deadline = time.monotonic() + timeout
@@ -144,12 +141,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("snapcluster")
     prefix = f"/s{os.urandom(3).hex()}/"
     instances = [census.new_instance() for _ in SLOT_NETWORKS]
-    with moto_s3() as s3, etcd_cluster(1) as etcd, contextlib.ExitStack() as stack:
+    # etcd as an operator runs it: TLS, client certificates, users (issue 33).
+    with moto_s3() as s3, secured_etcd(tmp / "etcd-tls") as etcd, \
+            contextlib.ExitStack() as stack:  # fmt: skip
         boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=BUCKET)
         for inst in instances:
             stack.callback(census.release, inst)
         # Volumes' data: one directory both nodes mount (shared storage, on one host).
-        common = {"AENV_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "AENV_CLUSTER_PREFIX": prefix,
+        common = {**etcd.aenv_env(), "AENV_CLUSTER_PREFIX": prefix,
                   "AENV_CLUSTER_TOKEN": TOKEN, "AENV_STORE_URL": f"s3://{BUCKET}/c",
                   "AENV_STORE_ENDPOINT_URL": s3.endpoint_url,
                   "AENV_VOLUMES_DIR": str(tmp / "volumes"),

@@ -5,40 +5,17 @@ expire in 2 s); and the rules for what a configuration may reach."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from aenv.cluster.etcd import Etcd, EtcdError, EtcdRefused, EtcdSecurity
 from aenv.cluster.secrets import EtcdSecrets, SecretsKeyMismatch
 from aenv.secrets.vault import Vault
-from tests.support.etcd import EtcdCluster, etcd_cluster
+from tests.support.etcd import EtcdCluster, enable_auth, etcd_cluster
 from tests.support.tls import MutualCerts, make_mutual_certs
-
-
-def _b64(s: str) -> str:
-    return base64.b64encode(s.encode()).decode()
-
-
-def _enable_auth(c: EtcdCluster, certs: MutualCerts) -> None:
-    """Users root and aenv (read-write on every key), then authentication on."""
-    with httpx.Client(base_url=c.endpoints[0], verify=certs.client_context("root")) as h:
-        for path, body in (
-            ("user/add", {"name": "root", "password": "root-pw"}),
-            ("user/grant", {"user": "root", "role": "root"}),
-            ("role/add", {"name": "aenv"}),
-            ("role/grant", {"name": "aenv", "perm": {"permType": "READWRITE",
-                                                     "key": _b64("/"), "range_end": _b64("\0")}}),
-            ("user/add", {"name": "aenv", "password": "aenv-pw"}),
-            ("user/grant", {"user": "aenv", "role": "aenv"}),
-            ("enable", {}),
-        ):  # fmt: skip
-            r = h.post(f"/v3/auth/{path}", json=body)
-            assert r.status_code == 200, (path, r.text)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +27,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> MutualCerts:
 @pytest.fixture(scope="module")
 def secured(certs: MutualCerts) -> Iterator[EtcdCluster]:
     with etcd_cluster(1, tls=certs, extra=("--auth-token-ttl", "2")) as c:
-        _enable_auth(c, certs)
+        enable_auth(c, certs)
         yield c
 
 
