@@ -12,7 +12,14 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from aenv import faults
@@ -83,10 +90,21 @@ class ClusterConfig(BaseModel):
     # Rotation (docs/cluster.md "Rotation"): more tokens a node takes besides `token`, while
     # the cluster's members move from one to the next.
     accept_tokens: list[str] = Field(default_factory=list)
+    # The token from a file instead (0600), taken again when it changes: its first line is
+    # the token sent, every line one taken (links.TokenFile; rotation without restarts).
+    token_file: Path | None = None
+    _file_tokens: list[str] = PrivateAttr(default_factory=list)  # its lines past the first
 
     @property
     def link_tls(self) -> bool:
         return self.cert_file is not None
+
+    def tokens_taken(self) -> list[str]:
+        """Every token a node takes: its own, accept_tokens, and a token file's others."""
+        return [t for t in (self.token, *self.accept_tokens, *self._file_tokens) if t]
+
+    def take_token_file(self, lines: list[str]) -> None:
+        self.token, self._file_tokens = lines[0], lines[1:]
 
     @model_validator(mode="after")
     def _etcd_pairs(self) -> ClusterConfig:
@@ -101,7 +119,7 @@ class ClusterConfig(BaseModel):
         return self
 
     @field_validator("etcd_ca_file", "etcd_cert_file", "etcd_key_file", "ca_file",
-                     "cert_file", "key_file", mode="after")
+                     "cert_file", "key_file", "token_file", mode="after")
     @classmethod
     def _absolute(cls, v: Path | None) -> Path | None:
         return v.expanduser().absolute() if v is not None else None
@@ -456,6 +474,7 @@ _CLUSTER_ENV = {
     "CLUSTER_KEY_FILE": "key_file",
     "CLUSTER_LINK_PORT": "link_port",
     "CLUSTER_INSECURE_LINKS": "insecure_links",
+    "CLUSTER_TOKEN_FILE": "token_file",
 }
 
 _NETWORK_ENV = {

@@ -9,6 +9,7 @@ else is the control plane, whose bodies are capped at `MAX_CONTROL_BODY` bytes (
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,7 @@ from aenv.api.auth import resolve_api_key
 from aenv.api.lifespan import lifespan
 from aenv.api.proxy import DataPlaneProxy
 from aenv.api.relay import send_json
-from aenv.cluster.links import link_port
+from aenv.cluster.links import TokenFile, link_port
 from aenv.config import Config
 from aenv.images import bases
 from aenv.images.builds import Builds
@@ -74,9 +75,9 @@ def build_api(node: Node) -> FastAPI:
     api.state.domain = node.config.domain or None
     api.state.builds = node.builds
     api.state.images = node.images
-    api.state.cluster_token = node.config.cluster.token  # what it sends
-    # What it takes: during a rotation the next (or the last) token too.
-    api.state.cluster_tokens = [node.config.cluster.token, *node.config.cluster.accept_tokens]
+    # The token it takes (and, during a rotation, the others): read at each call, since a
+    # token file changes them in place (cluster/links.py, TokenFile).
+    api.state.cluster = node.config.cluster
     # Where the cluster's links use TLS, the token counts only on the cluster listener.
     api.state.link_port = link_port(node.config) if node.config.cluster.link_tls else 0
     api.state.proxy = node.proxy
@@ -140,6 +141,10 @@ class Node:
         self._health = _HEALTH
         self._started = False
         self.membership: NodeMembership | None = None
+        # A cluster token kept in a file: read now, watched while the node runs (links.py).
+        self.token_file = TokenFile(config.cluster)
+        self.token_file.apply()
+        self._token_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.orchestrator.start()
@@ -154,6 +159,8 @@ class Node:
                 await self.orchestrator.close()
                 raise
             self.api.state.sharing = self.membership.sharing
+            if self.config.cluster.token_file is not None:
+                self._token_watch = asyncio.create_task(self.token_file.watch())
         # The node's own key: its (or its cluster's, once joined) default team's admin key.
         assert self.orchestrator.teams is not None
         await self.orchestrator.teams.bind_node_key(self.api_key)
@@ -172,6 +179,8 @@ class Node:
         self.orchestrator.begin_shutdown()
 
     async def close(self) -> None:
+        if self._token_watch is not None:
+            self._token_watch.cancel()
         try:
             if self.membership is not None:  # leave the cluster first: no new placements
                 await self.membership.leave()

@@ -15,4 +15,4 @@ def from_cluster(request: Request) -> bool:
     if state.link_port and (request.scope.get("server") or ("", 0))[1] != state.link_port:
         return False
     given = request.headers.get(wire.TOKEN_HEADER)
-    return any(wire.token_ok(t, given) for t in state.cluster_tokens)
+    return any(wire.token_ok(t, given) for t in state.cluster.tokens_taken())

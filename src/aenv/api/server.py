@@ -21,7 +21,7 @@ from aenv.api.app import Node
 from aenv.api.serving import GracefulServer, listen, tls_options
 from aenv.api.welcome import first_contact
 from aenv.cluster.identity import node_url
-from aenv.cluster.links import Links, LinksRefused, check_plain, link_port
+from aenv.cluster.links import Links, LinksRefused, TokenFile, check_plain, link_port
 from aenv.config import Config
 from aenv.obs import configure_logging, log_event
 
@@ -132,6 +132,7 @@ def _link_listener(config: Config) -> tuple[Links, socket.socket] | None:
     link checked (cluster/links.py). LinksRefused, OSError (a taken port)."""
     if not config.cluster.etcd_endpoints:
         return None
+    TokenFile(config.cluster).apply()  # a token file that holds no token: refused here
     links = Links.of(config.cluster)
     if links is None:
         check_plain(config.cluster, node_url(config), "this node's cluster URL")

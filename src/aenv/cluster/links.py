@@ -131,6 +131,43 @@ def _links(ca_file: Path, cert_file: Path, key_file: Path) -> Links:
     return Links(ca_file, cert_file, key_file)
 
 
+class TokenFile:
+    """`cluster.token_file`: the cluster token kept in a file, taken again when the file
+    changes. Its first line is the token this member sends, every line a token it takes
+    (with `accept_tokens`). `cfg` is changed in place: every use reads it at the moment."""
+
+    def __init__(self, cfg: ClusterConfig) -> None:
+        self.cfg = cfg
+        self._seen = -2.0
+
+    def apply(self) -> bool:
+        """Read the file into `cfg` if it changed; LinksRefused if it holds no token."""
+        path = self.cfg.token_file
+        if path is None:
+            return False
+        try:
+            stamp = path.stat().st_mtime
+            if stamp == self._seen:
+                return False
+            lines = [t.strip() for t in path.read_text().splitlines() if t.strip()]
+        except OSError as e:
+            raise LinksRefused(f"cluster.token_file {path}: {e.strerror}") from None
+        if not lines:
+            raise LinksRefused(f"cluster.token_file {path} holds no token")
+        self.cfg.take_token_file(lines)
+        self._seen = stamp
+        return True
+
+    async def watch(self, every_s: float = RELOAD_CHECK_S) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                if self.apply():
+                    log.info("links.token_reloaded: %s", self.cfg.token_file)
+            except LinksRefused as e:
+                log.error("links.token_reload_failed: %s (the last token stays)", e)
+
+
 def verify_for(cfg: ClusterConfig) -> ssl.SSLContext | bool:
     """httpx's `verify` for calls to peers: the link context, or the default."""
     links = Links.of(cfg)

@@ -160,7 +160,7 @@ class NodeMembership:
         self.orch.teams = self.teams
         # Volumes every node knows, their data on the storage every node mounts.
         self.volumes = EtcdVolumes(self.etcd, self.cfg.cluster.prefix, self.cfg.volumes_dir,
-                                   node_name(self.cfg), self.cfg.cluster.token,
+                                   node_name(self.cfg), lambda: self.cfg.cluster.token,
                                    verify_for(self.cfg.cluster))  # fmt: skip
         await self.volumes.start()
         if isinstance(self.orch.volumes, VolumeStore):

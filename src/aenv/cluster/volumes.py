@@ -20,6 +20,7 @@ import secrets
 import shutil
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,11 @@ def _doc(raw: bytes) -> dict[str, Any] | None:
 
 class EtcdVolumes:
     def __init__(self, etcd: Etcd, prefix: str, root: Path, node: str = "",
-                 token: str = "", verify: ssl.SSLContext | bool = True) -> None:  # fmt: skip
-        """`node`, `token`, `verify`: this node's name, the cluster token and the links' TLS,
-        to ask the others which of their sandboxes mount a volume (`users_elsewhere`)."""
+                 token: Callable[[], str] = str, verify: ssl.SSLContext | bool = True,
+                 ) -> None:  # fmt: skip
+        """`node`, `token`, `verify`: this node's name, the cluster token (read at each call:
+        a token file changes it) and the links' TLS, to ask the others which of their
+        sandboxes mount a volume (`users_elsewhere`)."""
         self._etcd = etcd
         self._verify = verify
         self._prefix, self._node, self._token = prefix, node, token
@@ -141,7 +144,7 @@ class EtcdVolumes:
         async with httpx.AsyncClient(timeout=ASK_TIMEOUT_S, verify=self._verify) as client:
             answers = await asyncio.gather(*(client.get(
                 f"{p.url}{wire.INTERNAL_PREFIX}/volume-users/{volume_id}",
-                headers={wire.TOKEN_HEADER: self._token}) for p in peers),
+                headers={wire.TOKEN_HEADER: self._token()}) for p in peers),
                 return_exceptions=True)  # fmt: skip
         users: list[str] = []
         for p, a in zip(peers, answers, strict=True):

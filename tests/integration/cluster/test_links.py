@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from aenv.api.app import Node
 from aenv.cluster import ca, wire
 from aenv.cluster.gateway.app import Gateway
 from aenv.cluster.gateway.nodes import NodeLinks
-from aenv.cluster.links import Links, LinksRefused, check_plain
+from aenv.cluster.links import Links, LinksRefused, TokenFile, check_plain
 from aenv.config import ClusterConfig, Config
 from aenv.orchestrator.fake import FakeRuntime
 from tests.support.asgi import serve
@@ -76,6 +77,7 @@ class Linked:
     links: list[int]  # each node's cluster listener port (behind its recorder)
     publics: list[int]
     captures: list[Recorder]
+    gateway_cluster: ClusterConfig
 
 
 def _certs(tmp: Path) -> Path:
@@ -101,8 +103,8 @@ def _tls(d: Path, name: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def linked(tmp: Path, etcd: EtcdCluster, tls: bool,
-                 accept: tuple[str, ...] = ()) -> AsyncIterator[Linked]:  # fmt: skip
+async def linked(tmp: Path, etcd: EtcdCluster, tls: bool, accept: tuple[str, ...] = (),
+                 token_files: dict[str, Path] | None = None) -> AsyncIterator[Linked]:  # fmt: skip
     d = _certs(tmp)
     prefix = f"/ln{os.urandom(3).hex()}/"
     async with contextlib.AsyncExitStack() as stack:
@@ -112,6 +114,7 @@ async def linked(tmp: Path, etcd: EtcdCluster, tls: bool,
             relay, rec = await stack.enter_async_context(recording(link))
             scheme = "https" if tls else "http"
             cluster = {"node_name": f"n{i}", "link_port": link, "accept_tokens": list(accept),
+                       **({"token_file": token_files[f"n{i}"]} if token_files else {}),
                        "node_url": f"{scheme}://127.0.0.1:{relay}",
                        **(_tls(d, f"n{i}") if tls else {})}  # fmt: skip
             cfg = _cfg(tmp / f"n{i}", etcd, prefix, cluster, port=port, host="127.0.0.1")
@@ -128,7 +131,9 @@ async def linked(tmp: Path, etcd: EtcdCluster, tls: bool,
             links.append(link)
             publics.append(port)
             captures.append(rec)
-        gw = Gateway(_cfg(tmp / "gw", etcd, prefix, _tls(d, "gw") if tls else {}))
+        gw = Gateway(_cfg(tmp / "gw", etcd, prefix, {
+            **(_tls(d, "gw") if tls else {}),
+            **({"token_file": token_files["gw"]} if token_files else {})}))
         await gw.start()
         stack.push_async_callback(gw.close)
         gport = await stack.enter_async_context(serve(gw))
@@ -137,7 +142,8 @@ async def linked(tmp: Path, etcd: EtcdCluster, tls: bool,
             if len(gw.members.nodes) == 2:
                 break
             await asyncio.sleep(0.05)
-        yield Linked(nodes, f"http://127.0.0.1:{gport}", links, publics, captures)
+        yield Linked(nodes, f"http://127.0.0.1:{gport}", links, publics, captures,
+                     gw.config.cluster)
 
 
 async def _traffic(c: Linked) -> list[str]:
@@ -336,3 +342,60 @@ async def test_a_token_rotation_takes_the_next_token_beside_the_current(
                         await api.delete(f"/sandboxes/{r.json()['sandboxID']}")
             finally:
                 await gw.close()
+
+
+async def test_a_token_file_rotates_the_token_under_traffic_without_a_restart(
+    tmp_path: Path, one: EtcdCluster
+) -> None:
+    """Every member reads the token from a file (`cluster.token_file`) and takes it again
+    when it changes: the next token added as a second line everywhere, then made the first,
+    then the old one dropped, while creates and kills go through the gateway. None fails;
+    at the end the old token lets nobody in and the new one does."""
+    files = {n: tmp_path / f"token-{n}" for n in ("n0", "n1", "gw")}
+    for f in files.values():
+        f.write_text(f"{TOKEN}\n")
+    async with linked(tmp_path, one, True, token_files=files) as c:
+        failures: list[str] = []
+        stop = asyncio.Event()
+
+        async def traffic() -> int:
+            n = 0
+            async with httpx.AsyncClient(base_url=c.origin, headers={"X-API-Key": KEY},
+                                         timeout=30) as api:  # fmt: skip
+                while not stop.is_set():
+                    r = await api.post("/sandboxes", json={"templateID": "base"})
+                    if r.status_code != 201:
+                        failures.append(r.text)
+                        continue
+                    if (await api.delete(f"/sandboxes/{r.json()['sandboxID']}")).status_code \
+                            != 204:  # fmt: skip
+                        failures.append("kill")
+                    n += 1
+            return n
+
+        load = asyncio.create_task(traffic())
+        watchers = [TokenFile(n.config.cluster) for n in c.nodes] + [TokenFile(c.gateway_cluster)]
+        for step in (f"{TOKEN}\nnext-token\n", f"next-token\n{TOKEN}\n", "next-token\n"):
+            await asyncio.sleep(0.4)
+            for name in ("n0", "n1", "gw"):  # one member after the other
+                files[name].write_text(step)
+                os.utime(files[name], (time.time() + 1, time.time() + 1))  # a new mtime
+                for w in watchers:
+                    w.apply()
+                await asyncio.sleep(0.2)
+        await asyncio.sleep(0.4)
+        stop.set()
+        done = await load
+        assert failures == [] and done > 5, (failures, done)
+        assert all(n.config.cluster.tokens_taken() == ["next-token"] for n in c.nodes)
+        async with httpx.AsyncClient(verify=Links.of(ClusterConfig(
+                **_tls(tmp_path / "ca", "gw"))).client()) as h:  # type: ignore[union-attr]  # fmt: skip
+            url = f"https://127.0.0.1:{c.links[0]}/sandboxes"
+            placed = {"X-API-Key": KEY, wire.SANDBOX_ID_HEADER: "rotated0sandbox0id00"}
+            r = await h.post(url, json={"templateID": "base"},
+                             headers={**placed, wire.TOKEN_HEADER: TOKEN})  # fmt: skip
+            assert r.status_code == 403, r.text  # the old token: nobody's now
+            r = await h.post(url, json={"templateID": "base"},
+                             headers={**placed, wire.TOKEN_HEADER: "next-token"})  # fmt: skip
+            assert r.status_code == 201, r.text
+            await h.delete(f"{url}/rotated0sandbox0id00", headers={"X-API-Key": KEY})

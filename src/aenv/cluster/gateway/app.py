@@ -64,7 +64,7 @@ from aenv.cluster.gateway.nodes import (
     call_all,
 )
 from aenv.cluster.gateway.rl_home import RlHome
-from aenv.cluster.links import Links
+from aenv.cluster.links import Links, TokenFile
 from aenv.cluster.membership import Members, NodeRecord
 from aenv.cluster.placement import (
     AlreadyBound,
@@ -114,13 +114,13 @@ class Gateway:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.prefix = config.cluster.prefix
-        self.token = config.cluster.token
+        TokenFile(config.cluster).apply()  # a token kept in a file: read now, then watched
         self.domain = config.domain.lower().encode() if config.domain else None
         self.pool = UpstreamPool()
         links = Links.of(config.cluster)
         self.links = NodeLinks(self.pool, links.client() if links is not None else None,
                                config.cluster.insecure_links)  # fmt: skip
-        self._watch: asyncio.Task[None] | None = None
+        self._watches: list[asyncio.Task[None]] = []
         self.policy = PreferLocal()
         self.api_key = ""
         self.etcd: Etcd | None = None
@@ -164,11 +164,13 @@ class Gateway:
             raise
         links = Links.of(cfg)
         if links is not None:  # replaced certificate files are taken (rotation)
-            self._watch = asyncio.create_task(links.watch())
+            self._watches.append(asyncio.create_task(links.watch()))
+        if cfg.token_file is not None:
+            self._watches.append(asyncio.create_task(TokenFile(cfg).watch()))
 
     async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        for w in self._watches:
+            w.cancel()
         await self.orphans.close()
         for view in (self.published, self.bindings, self.members, self.teams):
             if view is not None:
@@ -293,7 +295,7 @@ class Gateway:
     # -- headers ---------------------------------------------------------------------------
 
     def _internal(self) -> Headers:
-        return [(wire.TOKEN_HEADER.encode(), self.token.encode())]
+        return [(wire.TOKEN_HEADER.encode(), self.config.cluster.token.encode())]
 
     def _control_headers(self, scope: dict[str, Any]) -> Headers:
         """The client's headers, and the cluster token with the origin the client called
