@@ -1,8 +1,8 @@
 """The cluster's links over mutual TLS (issue 33; cluster/links.py): two real nodes (fake
 runtime) each with a public listener and a cluster listener, a gateway, a real etcd.
-Everything between the gateway and the nodes is captured by a recording relay in front
-of each cluster listener (what tcpdump on those ports would see); the same capture over
-plain links shows the secrets, so the search can fail."""
+Everything between the gateway and the nodes is captured twice: by a recording relay in
+front of each cluster listener and by tcpdump on those listeners' ports; the same captures
+over plain links show the secrets, so the search can fail."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from aenv.cluster.links import Links, LinksRefused, TokenFile, check_plain
 from aenv.config import ClusterConfig, Config
 from aenv.orchestrator.fake import FakeRuntime
 from tests.support.asgi import serve
+from tests.support.capture import loopback_capture
 from tests.support.etcd import EtcdCluster, free_port
 
 KEY = "links-test-api-key"
@@ -171,15 +172,19 @@ async def _traffic(c: Linked) -> list[str]:
 async def test_what_crosses_the_links_is_encrypted(tmp_path: Path, one: EtcdCluster,
                                                    tls: bool) -> None:  # fmt: skip
     async with linked(tmp_path, one, tls) as c:
-        tokens = await _traffic(c)
-        captured = bytes(c.captures[0].seen + c.captures[1].seen)
-        assert len(captured) > 2000  # the links carried the traffic
+        with loopback_capture(tmp_path, c.links) as pcap:  # tcpdump on the nodes' listeners
+            tokens = await _traffic(c)
+        relayed = bytes(c.captures[0].seen + c.captures[1].seen)
+        dumped = pcap.read_bytes()
+        assert len(relayed) > 2000 and len(dumped) > 2000  # the links carried the traffic
+        captured = relayed + dumped
         secrets = [KEY, TOKEN, "envsecret", *tokens]
         found = [s for s in secrets if s.encode() in captured]
         if tls:
             assert found == [], f"in the clear on the links: {found}"
-        else:  # the same search finds them in plain links
+        else:  # the same search finds them in plain links, in tcpdump's capture too
             assert KEY in found and TOKEN in found, found
+            assert KEY.encode() in dumped and TOKEN.encode() in dumped
 
 
 async def test_the_cluster_token_alone_lets_nobody_in(tmp_path: Path, one: EtcdCluster) -> None:
