@@ -28,7 +28,7 @@ from e2b import Sandbox, Template
 from tests.support import census
 from tests.support.client_ns import client_namespace
 from tests.support.cluster import Child, gateway, gateway_ready, haproxy, link_env
-from tests.support.etcd import EtcdCluster, etcd_cluster
+from tests.support.etcd import EtcdCluster, secured_etcd
 from tests.support.tls import make_certs
 
 from .conftest import API_KEY, NodeProcess, running_node, sdk_pointed_at
@@ -55,8 +55,7 @@ class Cluster:
 
     def binding(self, sandbox_id: str) -> dict | None:  # type: ignore[type-arg]
         key = base64.b64encode(f"{self.prefix}bindings/{sandbox_id}".encode()).decode()
-        r = httpx.post(self.etcd.endpoints[0] + "/v3/kv/range", json={"key": key}, timeout=5)
-        kvs = r.json().get("kvs", [])
+        kvs = self.etcd.call("/v3/kv/range", {"key": key}).get("kvs", [])
         return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
 
     def creates(self, node: NodeProcess) -> float:
@@ -71,10 +70,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("cluster")
     prefix = f"/e{os.urandom(3).hex()}/"
     instances = [census.new_instance() for _ in SLOT_NETWORKS]
-    with etcd_cluster(1) as etcd, contextlib.ExitStack() as stack:
+    # etcd as an operator runs it: TLS, client certificates, users (issue 33).
+    with secured_etcd(tmp / "etcd-tls") as etcd, contextlib.ExitStack() as stack:
         for inst in instances:
             stack.callback(census.release, inst)
-        common = {"AENV_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "AENV_CLUSTER_PREFIX": prefix,
+        common = {**etcd.aenv_env(), "AENV_CLUSTER_PREFIX": prefix,
                   "AENV_CLUSTER_TOKEN": TOKEN}  # fmt: skip
         nodes = []
         for i, (inst, net) in enumerate(zip(instances, SLOT_NETWORKS, strict=True)):
@@ -130,8 +130,8 @@ def test_one_group_key_through_two_gateways_makes_one_group(cluster: Cluster) ->
     docs = [r.json() for r in got]
     assert len({d["groupID"] for d in docs}) == 1 and sum(d["created"] for d in docs) == 1
     members = [d["member"]["sandboxID"] for d in docs]
-    home = httpx.post(cluster.etcd.endpoints[0] + "/v3/kv/range", timeout=5, json={
-        "key": base64.b64encode(f"{cluster.prefix}rl/home".encode()).decode()}).json()
+    home = cluster.etcd.call("/v3/kv/range", {
+        "key": base64.b64encode(f"{cluster.prefix}rl/home".encode()).decode()})
     home_node = base64.b64decode(home["kvs"][0]["value"]).decode()
     assert {cluster.binding(m)["node"] for m in members} == {home_node}  # type: ignore[index]
     assert Sandbox.connect(members[0]).commands.run("echo member").stdout == "member\n"

@@ -58,10 +58,10 @@ def _create_then_kill(api: httpx.Client) -> None:
 def _bindings(c: Cluster) -> list[str]:
     key = f"{c.prefix}bindings/"
     end = key[:-1] + chr(ord(key[-1]) + 1)
-    r = httpx.post(c.etcd.endpoints[0] + "/v3/kv/range", timeout=5, json={
+    r = c.etcd.call("/v3/kv/range", {
         "key": base64.b64encode(key.encode()).decode(),
         "range_end": base64.b64encode(end.encode()).decode(), "keys_only": True})  # fmt: skip
-    return [base64.b64decode(kv["key"]).decode() for kv in r.json().get("kvs", [])]
+    return [base64.b64decode(kv["key"]).decode() for kv in r.get("kvs", [])]
 
 
 def test_creates_whose_clients_die_leave_nothing_behind(cluster: Cluster) -> None:  # noqa: F811
