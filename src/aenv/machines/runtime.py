@@ -370,7 +370,7 @@ class Runtime(Pausing, Cloning, Adopting):
         self.tunnels.admit(slot.slot_addr, policy, sets)
 
     async def push_init(self, m: Machine, init: AgentInit,
-                        deadline_s: float = AGENT_INIT_TIMEOUT) -> None:
+                        deadline_s: float | None = None) -> None:
         """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
         guest must answer its first request (fixed MACs make any slot look the same).
         First the sandbox's egress policy goes onto its slot (every start comes here)."""
@@ -395,7 +395,8 @@ class Runtime(Pausing, Cloning, Adopting):
             # The whole budget for connecting too: a guest restored next to many others
             # (fork x16 under TCG) may take seconds to be scheduled and accept.
             r = await agent_replies.request(m.http, "POST", m.slot.url(AGENT_PORT) + "/init",
-                                            json=body, deadline_s=deadline_s)
+                                            json=body,
+                                            deadline_s=deadline_s or AGENT_INIT_TIMEOUT)
         except GuestReplyError as e:
             raise BootError(f"agent /init failed: {e}") from e
         if r.status >= 300:
