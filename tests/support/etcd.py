@@ -190,7 +190,7 @@ def secured_etcd(where: Path, extra: tuple[str, ...] = ()) -> Iterator[EtcdClust
     """One member as an operator runs it (docs/cluster.md, "The link to etcd"): https,
     client certificates required, users and roles on; probes and `call` go as aenv's user
     with a CN-less certificate (etcd's JSON gateway refuses a CN once auth is on)."""
-    certs = make_mutual_certs(where, clients=("", "root"))
+    certs = make_mutual_certs(where, clients=("", "aenv", "root"))
     with etcd_cluster(1, tls=certs, extra=extra) as c:
         enable_auth(c, certs)
         c.client_cn, c.user, c.password = "", "aenv", "aenv-pw"
