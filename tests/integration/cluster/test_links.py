@@ -256,6 +256,23 @@ def test_plain_links_off_this_host_and_bad_certificates_are_refused(tmp_path: Pa
         Links(d / "nope.pem", d / "n0.pem", d / "n0.key").client()
 
 
+async def _creates_and_kills(origin: str, stop: asyncio.Event, failures: list[str]) -> int:
+    """Creates and kills through the gateway until `stop`; each refusal in `failures`."""
+    n = 0
+    async with httpx.AsyncClient(base_url=origin, headers={"X-API-Key": KEY},
+                                 timeout=30) as api:  # fmt: skip
+        while not stop.is_set():
+            r = await api.post("/sandboxes", json={"templateID": "base"})
+            if r.status_code != 201:
+                failures.append(r.text)
+                continue
+            r = await api.delete(f"/sandboxes/{r.json()['sandboxID']}")
+            if r.status_code != 204:
+                failures.append(r.text)
+            n += 1
+    return n
+
+
 def _served(port: int, ctx: ssl.SSLContext) -> x509.Certificate:
     """The certificate a new handshake with the listener on `port` shows."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
@@ -279,23 +296,7 @@ async def test_certificates_rotate_under_traffic_without_a_restart(
         before = await asyncio.to_thread(_served, c.links[0], probe)
         failures: list[str] = []
         stop = asyncio.Event()
-
-        async def traffic() -> int:
-            n = 0
-            async with httpx.AsyncClient(base_url=c.origin, headers={"X-API-Key": KEY},
-                                         timeout=30) as api:  # fmt: skip
-                while not stop.is_set():
-                    r = await api.post("/sandboxes", json={"templateID": "base"})
-                    if r.status_code != 201:
-                        failures.append(r.text)
-                        continue
-                    r = await api.delete(f"/sandboxes/{r.json()['sandboxID']}")
-                    if r.status_code != 204:
-                        failures.append(r.text)
-                    n += 1
-            return n
-
-        load = asyncio.create_task(traffic())
+        load = asyncio.create_task(_creates_and_kills(c.origin, stop, failures))
         await asyncio.sleep(0.5)
         # 1. the new CA next to the old one in every member's CA file
         ca.init(tmp_path / "ca2", name="aenv cluster CA 2")
@@ -362,23 +363,7 @@ async def test_a_token_file_rotates_the_token_under_traffic_without_a_restart(
     async with linked(tmp_path, one, True, token_files=files) as c:
         failures: list[str] = []
         stop = asyncio.Event()
-
-        async def traffic() -> int:
-            n = 0
-            async with httpx.AsyncClient(base_url=c.origin, headers={"X-API-Key": KEY},
-                                         timeout=30) as api:  # fmt: skip
-                while not stop.is_set():
-                    r = await api.post("/sandboxes", json={"templateID": "base"})
-                    if r.status_code != 201:
-                        failures.append(r.text)
-                        continue
-                    if (await api.delete(f"/sandboxes/{r.json()['sandboxID']}")).status_code \
-                            != 204:  # fmt: skip
-                        failures.append("kill")
-                    n += 1
-            return n
-
-        load = asyncio.create_task(traffic())
+        load = asyncio.create_task(_creates_and_kills(c.origin, stop, failures))
         watchers = [TokenFile(n.config.cluster) for n in c.nodes] + [TokenFile(c.gateway_cluster)]
         for step in (f"{TOKEN}\nnext-token\n", f"next-token\n{TOKEN}\n", "next-token\n"):
             await asyncio.sleep(0.4)
