@@ -4,7 +4,7 @@ gateways (and `aenv cluster status`) read and watch the records.
 - A node's record is `<prefix>nodes/<name>`, a JSON `NodeRecord`, attached to the node's
   lease (`cluster_lease_ttl_s`, 10 s by default). A node that dies stops renewing it and
   etcd removes the record when the lease expires: that is how a node is lost within the TTL.
-- The node renews the lease every third of the TTL and republishes the record when what it
+- The node renews the lease every sixth of the TTL and, apart, republishes the record when what it
   reports changes (usage, templates, snapshots), at most every `publish_every_s`.
 - If its lease has expired anyway (etcd unreachable for longer than the TTL, then back),
   the node takes a new lease and registers again.
@@ -30,6 +30,7 @@ from aenv.tasks import cancel
 log = logging.getLogger("aenv.cluster")
 
 RETRY_S = 1.0  # after etcd was unreachable
+RENEW_PARTS = 6  # renewals per lease TTL
 
 
 class Capacity(BaseModel):
@@ -144,27 +145,43 @@ class Registration:
         return True
 
     async def _run(self) -> None:
-        renew_every = max(self.ttl_s / 3, 0.2)
-        next_renew = time.monotonic() + renew_every
+        # Renewal has its own task: a slow publish (a large record to a loaded etcd) must not
+        # hold the lease's renewal back, which fences the node (cluster/node.py).
+        renewing = asyncio.get_running_loop().create_task(self._renewing(), name="aenv-lease")
+        try:
+            while True:
+                await asyncio.sleep(self.publish_every_s)
+                try:
+                    await self.publish()
+                except EtcdError as e:
+                    log.warning("publishing %s: %s", self.key, e)
+        finally:
+            await cancel(renewing)
+
+    async def _renewing(self) -> None:
+        # Every RENEW_PARTS-th of the TTL: the node fences at half of it without a renewal,
+        # so a loaded host's slow answers leave room for two more tries before that.
+        renew_every = max(self.ttl_s / RENEW_PARTS, 0.2)
+        wait = renew_every
         while True:
-            await asyncio.sleep(min(self.publish_every_s, max(next_renew - time.monotonic(), 0)))
+            await asyncio.sleep(wait)
+            wait = renew_every
             try:
-                if time.monotonic() >= next_renew:
-                    asked = time.monotonic()
-                    if await self.etcd.keepalive(self.lease) <= 0:
-                        log.warning("lease of %s expired: registering again", self.key)
-                        await self._register()
-                    else:
-                        self.renewed_at = asked
-                    next_renew = time.monotonic() + renew_every
-                await self.publish()
+                asked = time.monotonic()
+                if await self.etcd.keepalive(self.lease) <= 0:
+                    log.warning("lease of %s expired: registering again", self.key)
+                    await self._register()
+                else:
+                    self.renewed_at = asked
+                    if (took := time.monotonic() - asked) > renew_every:
+                        log.warning("renewing the lease of %s took %.1f s", self.key, took)
             except EtcdUnavailable as e:
                 log.warning("etcd unreachable (%s); lease held for %.1f s more", e,
                             self.ttl_s - (time.monotonic() - self.renewed_at))  # fmt: skip
-                next_renew = time.monotonic() + RETRY_S
+                wait = min(RETRY_S, renew_every)
             except EtcdError as e:
                 log.warning("membership of %s: %s", self.key, e)
-                next_renew = time.monotonic() + RETRY_S
+                wait = min(RETRY_S, renew_every)
 
     async def stop(self) -> None:
         """Leave the cluster: the record goes with the lease."""

@@ -40,6 +40,7 @@ from aenv.volumes.store import VolumeStore
 
 CLOSE_RECONCILE_S = 5.0
 GUARD_EVERY_S = 0.2
+STALL_S = 1.0  # a guard round this late is logged
 FENCE_AT = 0.5  # of the lease's TTL without a renewal: fence, with half the TTL to pause
 DRAIN_READ_EVERY_S = 1.0
 
@@ -202,7 +203,12 @@ class NodeMembership:
         drain = asyncio.get_running_loop().create_task(self._draining(), name="aenv-drain")
         try:
             while True:
+                slept = time.monotonic()
                 await asyncio.sleep(GUARD_EVERY_S)
+                if (late := time.monotonic() - slept - GUARD_EVERY_S) > STALL_S:
+                    # What fences a loaded node may be its own event loop, not etcd.
+                    logging.getLogger("aenv.cluster").warning("the event loop was held %.1f s",
+                                                              late)
                 held = time.monotonic() - self.registration.renewed_at
                 if not self.orch.fenced and held > ttl * FENCE_AT:
                     await self.orch.fence()
