@@ -6,13 +6,14 @@
 # host's services. systemd for systemd-analyze, which checks deploy/systemd's units
 # (tests/unit/test_deploy.py): already there on a host systemd runs; installing it does not
 # make it the init of a host (or container) without it. tcpdump: what crosses a cluster's
-# links is captured in tests/integration/cluster/test_links.py.
+# links is captured in tests/integration/cluster/test_links.py. chromium: the web console's
+# tests drive it headless with Playwright (tests/support/browser.py).
 set -euo pipefail
 pkgs=(qemu-system-x86 qemu-utils debootstrap nftables xfsprogs e2fsprogs protobuf-compiler
       busybox-static linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev
       cpio iproute2 util-linux tmux nodejs wrk stress-ng
       skopeo umoci docker-registry etcd-server haproxy dnsmasq-base dante-server stunnel4
-      nfs-ganesha nfs-ganesha-vfs rpcbind systemd tcpdump)
+      nfs-ganesha nfs-ganesha-vfs rpcbind systemd tcpdump chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

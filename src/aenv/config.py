@@ -190,6 +190,13 @@ class Config(BaseModel):
     # `*.<domain>` (PEM, with its chain) and its key. Then clients need only E2B_DOMAIN.
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # The web console (docs/console.md) on an origin of its own, so that no sandbox page the
+    # data plane serves on the API's origin shares it: `console_port` (0: `port` + 2), over
+    # TLS when `port` is. `console_origin`: where browsers open it when that is not
+    # http(s)://host:console_port (a proxy, console.<domain>); the API answers CORS for it.
+    console: bool = True
+    console_port: int = Field(0, ge=0, le=65535)
+    console_origin: str = ""
     # The key that encrypts secrets at rest (32 random bytes, made on first use at
     # <data_dir>/secrets.key unless named). Every node of a cluster needs the same one.
     secrets_key_file: Path | None = None
@@ -394,6 +401,9 @@ _SIMPLE_ENV = {
     "DOMAIN": "domain",
     "TLS_CERT_FILE": "tls_cert_file",
     "TLS_KEY_FILE": "tls_key_file",
+    "CONSOLE": "console",
+    "CONSOLE_PORT": "console_port",
+    "CONSOLE_ORIGIN": "console_origin",
     "SECRETS_KEY_FILE": "secrets_key_file",
     "ACCEL": "accel",
     "TCG_TB_MIB": "tcg_tb_mib",

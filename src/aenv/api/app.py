@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.middleware.cors import CORSMiddleware
 
 import aenv
 from aenv.api import (
     builds,
+    dockerfile_builds,
     errors,
     internal,
     links,
@@ -36,6 +38,7 @@ from aenv.api import (
     volumes,
 )
 from aenv.api.auth import resolve_api_key
+from aenv.api.console_cors import ConsoleCors
 from aenv.api.lifespan import lifespan
 from aenv.api.proxy import DataPlaneProxy
 from aenv.api.relay import send_json
@@ -49,6 +52,7 @@ from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
 from aenv.orchestrator.pending import PendingTemplates
 from aenv.orchestrator.service import Orchestrator
+from aenv.origins import console_origins
 from aenv.rl.server.service import RL
 
 if TYPE_CHECKING:
@@ -84,12 +88,19 @@ def build_api(node: Node) -> FastAPI:
     api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
     api.state.rl = node.rl
     errors.install(api)
+    # The console calls from its own origin (origins.py); no other origin gets CORS, and no
+    # cookie counts (the key is a header the page sets).
+    api.add_middleware(CORSMiddleware, allow_origins=console_origins(node.config),
+                       allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                       allow_headers=["X-API-Key", "Content-Type"],
+                       expose_headers=["X-Next-Token", "Retry-After"], max_age=600)  # fmt: skip
     api.include_router(system.router)
     api.include_router(internal.router)
     api.include_router(metrics.router)  # before /sandboxes/{id}: /sandboxes/metrics
     api.include_router(logs.router)
     api.include_router(sandboxes.router)
     api.include_router(builds.router)  # before the catch-all /templates/{id:path} routes
+    api.include_router(dockerfile_builds.router)
     api.include_router(snapshots.router)
     api.include_router(templates.router)
     api.include_router(secrets.router)
@@ -128,6 +139,7 @@ class Node:
         self.orchestrator = Orchestrator(config, self.runtime)
         self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain,
                                     resolve=self.orchestrator.route_for_paused)  # fmt: skip
+        self.console_cors = ConsoleCors(console_origins(config), self.proxy.agent_port)
         self.builds = _builds(config, self.runtime, self.orchestrator.pending)
         # Sandboxes from image references (images/on_demand.py): a node that builds pulls.
         self.images = (OnDemandImages(config, self.runtime, self.orchestrator.pending)
@@ -204,6 +216,12 @@ class Node:
         if kind == "http" or kind == "websocket":
             target = self.proxy.match(scope)
             if target is not None:
+                origin = self.console_cors.origin(scope, target.port)
+                if origin is not None and self.console_cors.is_preflight(scope):
+                    await self.console_cors.preflight(send, origin)
+                    return
+                if origin is not None:
+                    send = self.console_cors.wrap(send, origin)
                 await self.proxy.handle(scope, receive, send, target)
             elif uploads.is_upload(scope):
                 await uploads.handle(self.builds and self.builds.contexts, scope, receive, send)

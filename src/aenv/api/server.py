@@ -23,14 +23,17 @@ from aenv.api.welcome import first_contact
 from aenv.cluster.identity import node_url
 from aenv.cluster.links import Links, LinksRefused, TokenFile, check_plain, link_port
 from aenv.config import Config
+from aenv.console.app import console_app
 from aenv.obs import configure_logging, log_event
+from aenv.origins import api_origin, console_origins, console_port
 
 log = logging.getLogger("aenv.server")
 
 
-class _LinkServer(uvicorn.Server):
-    """The cluster listener (cluster/links.py): the same app, mutual TLS, no lifespan of its
-    own; started and stopped by the node's main server, which holds the signals."""
+class _SideServer(uvicorn.Server):
+    """The cluster listener (cluster/links.py: the same app, mutual TLS) or the console's: no
+    lifespan of its own; started and stopped by the node's main server, which holds the
+    signals."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -39,13 +42,14 @@ class _LinkServer(uvicorn.Server):
 
 class _Server(GracefulServer):
     def __init__(self, config: uvicorn.Config, node: Node,
-                 link: tuple[Links, uvicorn.Config, socket.socket] | None = None) -> None:
+                 link: tuple[Links, uvicorn.Config, socket.socket] | None = None,
+                 console: tuple[uvicorn.Config, socket.socket] | None = None) -> None:
         super().__init__(config)
         self.node = node
         self._loop: asyncio.AbstractEventLoop | None = None
         self._link = link
-        self._link_server: _LinkServer | None = None
-        self._link_task: asyncio.Task[None] | None = None
+        self._console = console
+        self._sides: list[tuple[_SideServer, asyncio.Task[None]]] = []
         self._watch: asyncio.Task[None] | None = None
 
     async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
@@ -59,18 +63,25 @@ class _Server(GracefulServer):
             config.load()
             assert config.ssl is not None
             links.track(config.ssl)  # replaced certificate files reach it (rotation)
-            self._link_server = _LinkServer(config)
-            self._link_task = asyncio.create_task(self._link_server.serve([sock]))
+            self._side(config, sock)
             self._watch = asyncio.create_task(links.watch())
+        if not self.should_exit and self._console is not None:
+            self._side(*self._console)
         if not self.should_exit:  # serving: say how to reach it
-            print(first_contact(self.node.config), flush=True)
+            console = console_origins(self.node.config)[0] if self._console else None
+            print(first_contact(self.node.config, console), flush=True)
+
+    def _side(self, config: uvicorn.Config, sock: socket.socket) -> None:
+        server = _SideServer(config)
+        self._sides.append((server, asyncio.create_task(server.serve([sock]))))
 
     async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
-        if self._link_server is not None and self._link_task is not None:
-            assert self._watch is not None
+        if self._watch is not None:
             self._watch.cancel()
-            self._link_server.should_exit = True  # the cluster's calls stop with the rest
-            await self._link_task
+        for server, _ in self._sides:
+            server.should_exit = True  # the cluster's calls and the console stop with the rest
+        for _, task in self._sides:
+            await task
         await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -118,13 +129,35 @@ def run(config: Config) -> int:
         print(f"aenv server: {why}", file=sys.stderr)
         return 1
     node = Node(config)
+    console = _console_listener(config)
     server = _Server(uvicorn_config(node, config), node,
                      None if link is None else (link[0], uvicorn_config(node, config,
-                                                                        link=link[0]), link[1]))
+                                                                        link=link[0]), link[1]),
+                     None if console is None else (_console_config(config), console))
     log_event(log, "server.starting", host=config.host, port=config.port,
               data_dir=str(config.data_dir), runtime=config.runtime)  # fmt: skip
     server.run(sockets=[sock])
     return 0 if server.started else 1
+
+
+def _console_config(config: Config) -> uvicorn.Config:
+    return uvicorn.Config(
+        console_app(api_origin(config)), host=config.host, port=console_port(config),
+        lifespan="off", access_log=False, log_config=None, server_header=False,
+        **tls_options(config),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _console_listener(config: Config) -> socket.socket | None:
+    """The console's socket; a taken port costs the console only (the API serves on)."""
+    if not config.console:
+        return None
+    try:
+        return listen(config.host, console_port(config))
+    except OSError as e:
+        log.warning("the console is off: cannot listen on %s:%d (console_port): %s",
+                    config.host, console_port(config), e.strerror)
+        return None
 
 
 def _link_listener(config: Config) -> tuple[Links, socket.socket] | None:

@@ -7,23 +7,12 @@ import shlex
 
 from aenv.api.auth import api_key_path
 from aenv.config import Config
-
-_ANY = {"0.0.0.0", "::", ""}
-
-
-def origin(config: Config) -> str:
-    """The origin a client on this host reaches the node at."""
-    if config.public_url:
-        return config.public_url.rstrip("/")
-    scheme = "https" if config.tls_cert_file is not None else "http"
-    host = "127.0.0.1" if config.host in _ANY else config.host
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}:{config.port}"
+from aenv.origins import api_origin
 
 
-def first_contact(config: Config) -> str:
-    url = origin(config)
+def first_contact(config: Config, console: str | None = None) -> str:
+    """`console`: the web console's origin, when it serves."""
+    url = api_origin(config)
     if config.api_key:
         where, key = "from AENV_API_KEY", "$AENV_API_KEY"
     else:
@@ -38,4 +27,6 @@ def first_contact(config: Config) -> str:
         lines += [f"  export E2B_API_URL={url}", f"  export E2B_SANDBOX_URL={url}",
                   f"  export E2B_VOLUME_API_URL={url}"]  # fmt: skip
     lines.append(f"  export E2B_API_KEY={key}")
+    if console is not None:
+        lines.append(f"Web console: {console} (log in with the API key)")
     return "\n".join(lines)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ipaddress
 import json
 import logging
 import ssl
@@ -29,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
+
+from aenv.origins import loopback_host
 
 if TYPE_CHECKING:
     from aenv.config import ClusterConfig
@@ -110,16 +111,6 @@ class EtcdSecurity:
         on this host, or reached over https with authentication."""
         return all(loopback_host(urlsplit(e).hostname or "") or
                    (e.startswith("https:") and self.authenticated) for e in endpoints)
-
-
-def loopback_host(host: str) -> bool:
-    """This host: localhost or a loopback address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _b64(data: bytes | str) -> str:

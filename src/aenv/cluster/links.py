@@ -26,8 +26,8 @@ import weakref
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from aenv.cluster.etcd import loopback_host
 from aenv.config import ClusterConfig, Config
+from aenv.origins import loopback_host
 
 log = logging.getLogger("aenv.cluster")
 RELOAD_CHECK_S = 10.0  # how soon replaced certificate files are taken

@@ -1,0 +1,88 @@
+// Teams and keys (admin keys only): teams with their limits and use, keys, a new key (shown
+// once) and revocation. A key that is not an admin's sees the API's 403 and nothing else.
+import { call } from "./api.js";
+import { confirmAction, h, notice, table } from "./ui.js";
+
+export function render(main) {
+  const body = h("div", { id: "admin" });
+  main.append(h("h1", {}, "Teams and keys"), body);
+
+  async function load() {
+    let teams, keys;
+    try {
+      [teams, keys] = await Promise.all([call("GET", "/admin/teams"),
+                                         call("GET", "/admin/keys")]);
+    } catch (e) {
+      if (e.status === 403) {
+        body.replaceChildren(h("p", { class: "message", id: "forbidden", role: "alert" },
+          `403: ${e.message}`));
+      } else if (e.status !== 401) {
+        notice(e.message, true);
+      }
+      return;
+    }
+    const names = new Map(teams.data.map((t) => [t.teamID, t.name]));
+    body.replaceChildren(
+      h("h2", {}, "Teams"),
+      table(["Name", "ID", "Sandboxes", "Memory"], teams.data.map((t) => h("tr", {},
+        h("td", {}, t.name), h("td", { class: "id" }, t.teamID),
+        h("td", {}, `${t.usage.sandboxes} of ${t.maxSandboxes ?? "no limit"}`),
+        h("td", {}, `${t.usage.memoryMB} MiB of ${t.maxMemoryMB ?? "no limit"}`)))),
+      h("h2", {}, "Keys"),
+      table(["Key", "Name", "Team", "Admin", "Created", "Revoked", ""],
+        keys.data.map((k) => h("tr", { "data-key": k.keyID },
+          h("td", { class: "id" }, k.mask), h("td", {}, k.name),
+          h("td", {}, names.get(k.teamID) || k.teamID), h("td", {}, k.admin ? "yes" : "no"),
+          h("td", {}, k.createdAt), h("td", {}, k.revokedAt || "—"),
+          h("td", {}, k.revokedAt ? "" : revoke(k))))),
+      newKey(teams.data));
+  }
+
+  function revoke(k) {
+    return h("button", {
+      type: "button", class: "danger", "aria-label": `Revoke ${k.mask}`,
+      onclick: async () => {
+        if (!await confirmAction(`Revoke key ${k.mask} (${k.name || "unnamed"})? `
+                                 + "Whoever holds it loses access at once.", "Revoke")) return;
+        try {
+          await call("DELETE", `/admin/keys/${encodeURIComponent(k.keyID)}`);
+          notice(`Revoked ${k.mask}.`);
+        } catch (e) {
+          if (e.status !== 401) notice(`Revoking ${k.mask} was refused: ${e.message}`, true);
+        }
+        load();
+      },
+    }, "Revoke");
+  }
+
+  function newKey(teams) {
+    const team = h("select", { id: "k-team" },
+      teams.map((t) => h("option", { value: t.teamID }, t.name)));
+    const name = h("input", { id: "k-name", size: 16 });
+    const isAdmin = h("input", { id: "k-admin", type: "checkbox" });
+    const form = h("form", {
+      class: "row",
+      onsubmit: async (ev) => {
+        ev.preventDefault();
+        try {
+          const made = await call("POST", "/admin/keys", {
+            team: team.value, name: name.value.trim(), admin: isAdmin.checked });
+          await load();
+          // The secret is shown this once, and only on the page: the API keeps its hash.
+          document.getElementById("new-key-slot").replaceChildren(
+            h("p", {}, "The new key, shown this once:"),
+            h("code", { class: "secret", id: "new-key-secret" }, made.data.key));
+        } catch (e) {
+          if (e.status !== 401) notice(`The key was refused: ${e.message}`, true);
+        }
+      },
+    }, h("label", { for: "k-team" }, "Team", team), h("label", { for: "k-name" }, "Name", name),
+    h("label", { for: "k-admin", class: "inline" }, isAdmin, "admin"),
+    h("button", { type: "submit" }, "New key"));
+    return h("section", {}, h("h2", {}, "New key"), form,
+             h("div", { id: "new-key-slot" }));
+  }
+
+  load();
+  return null;
+}

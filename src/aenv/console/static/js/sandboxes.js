@@ -1,0 +1,133 @@
+// Sandboxes: the team's running and paused sandboxes, filtered and paged as the API pages
+// them, with the actions each state allows. Refreshed every few seconds.
+import { call } from "./api.js";
+import { ago, confirmAction, dialogOpen, h, left, notice, table } from "./ui.js";
+
+const PAGE = 50;
+const REFRESH_MS = 5000;
+const RESUME_TIMEOUT_S = 300; // a resumed sandbox's time left, as the SDK's default
+
+export function render(main) {
+  const filter = { state: "running,paused", template: "", metadata: "" };
+  const tokens = [null]; // the page tokens seen: tokens[i] opens page i
+  let at = 0;
+  let next = null;
+  const body = h("div", { id: "sandboxes" });
+  const pager = h("div", { class: "row" });
+  const stamp = h("p", { class: "muted", id: "stamp" });
+
+  const state = h("select", { id: "f-state" },
+    h("option", { value: "running,paused" }, "Running and paused"),
+    h("option", { value: "running" }, "Running"),
+    h("option", { value: "paused" }, "Paused"));
+  const template = h("input", { id: "f-template", placeholder: "template or alias", size: 16 });
+  const metadata = h("input", { id: "f-metadata", placeholder: "key=value", size: 16 });
+  const form = h("form", {
+    class: "row",
+    onsubmit: (ev) => {
+      ev.preventDefault();
+      Object.assign(filter, { state: state.value, template: template.value.trim(),
+                              metadata: metadata.value.trim() });
+      tokens.length = 1;
+      at = 0;
+      load();
+    },
+  }, h("label", { for: "f-state" }, "State", state),
+  h("label", { for: "f-template" }, "Template", template),
+  h("label", { for: "f-metadata" }, "Metadata", metadata),
+  h("button", { type: "submit" }, "Filter"));
+
+  main.append(h("h1", {}, "Sandboxes"), form, stamp, body, pager);
+
+  async function load() {
+    const q = new URLSearchParams({ limit: PAGE });
+    for (const s of filter.state.split(",")) q.append("state", s);
+    if (filter.template) q.set("template", filter.template);
+    if (filter.metadata) q.set("metadata", filter.metadata);
+    if (tokens[at]) q.set("nextToken", tokens[at]);
+    let page;
+    try {
+      page = await call("GET", `/v2/sandboxes?${q}`);
+    } catch (e) {
+      if (e.status !== 401) {
+        notice(e.message, true);
+        stamp.textContent = e.status === 0 ? "Unreachable: the list below is as last seen."
+          : stamp.textContent;
+      }
+      return;
+    }
+    next = page.next;
+    const focused = document.activeElement && document.activeElement.dataset.focusKey;
+    body.replaceChildren(page.data.length ? table(
+      ["ID", "Template", "State", "Started", "Time left", "CPUs", "Memory", "Actions"],
+      page.data.map(row)) : h("p", { class: "muted" }, "No sandboxes."));
+    if (focused) body.querySelector(`[data-focus-key="${CSS.escape(focused)}"]`)?.focus();
+    pager.replaceChildren(
+      h("button", { type: "button", disabled: at === 0, onclick: () => { at -= 1; load(); } },
+        "Previous page"),
+      h("button", { type: "button", disabled: !next, onclick: () => {
+        tokens[at + 1] = next;
+        at += 1;
+        load();
+      } }, "Next page"));
+    stamp.textContent = `As of ${new Date().toLocaleTimeString()}.`;
+    if (document.getElementById("notice").classList.contains("error")
+        && document.getElementById("notice").textContent.includes("unreachable")) notice("");
+  }
+
+  function row(s) {
+    const name = s.alias || s.templateID;
+    const tier = s.state === "paused" && s.pauseTier ? ` (${s.pauseTier})` : "";
+    return h("tr", { "data-sandbox": s.sandboxID },
+      h("td", { class: "id" }, h("a", { href: `#/sandbox/${s.sandboxID}` }, s.sandboxID)),
+      h("td", {}, name),
+      h("td", { class: "state" }, s.state + tier),
+      h("td", { title: s.startedAt }, ago(s.startedAt)),
+      h("td", { title: s.endAt }, s.state === "running" ? left(s.endAt) : "—"),
+      h("td", {}, s.cpuCount),
+      h("td", {}, `${s.memoryMB} MiB`),
+      h("td", { class: "actions" }, actions(s)));
+  }
+
+  function actions(s) {
+    const id = s.sandboxID;
+    const path = `/sandboxes/${encodeURIComponent(id)}`;
+    const out = [];
+    if (s.state === "running") {
+      out.push(action(id, "Pause", `Pause ${id}? Its memory and files are kept.`, "Paused",
+        () => call("POST", `${path}/pause`)));
+    } else {
+      out.push(action(id, "Resume", `Resume ${id}?`, "Resumed",
+        () => call("POST", `${path}/connect`, { timeout: RESUME_TIMEOUT_S })));
+    }
+    out.push(action(id, "Kill", `Kill ${id}? Its memory and files are lost.`, "Killed",
+      () => call("DELETE", path)));
+    return out;
+  }
+
+  function action(id, label, question, done, run) {
+    return h("button", {
+      type: "button", "data-focus-key": `${label}:${id}`, "aria-label": `${label} ${id}`,
+      onclick: async (ev) => {
+        const button = ev.currentTarget;
+        if (!await confirmAction(question, label)) {
+          button.focus();
+          return;
+        }
+        button.disabled = true;
+        notice(`${label}: ${id}…`);
+        try {
+          await run();
+          notice(`${done} ${id}.`);
+        } catch (e) {
+          if (e.status !== 401) notice(`${label} ${id} was refused: ${e.message}`, true);
+        }
+        await load();
+      },
+    }, label);
+  }
+
+  load();
+  const timer = setInterval(() => { if (!dialogOpen()) load(); }, REFRESH_MS);
+  return () => clearInterval(timer);
+}

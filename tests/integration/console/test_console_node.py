@@ -1,0 +1,182 @@
+"""The console of a node on the fake runtime, in a real headless Chromium: its own origin and
+CORS for it alone, where the key is kept, the keyboard, the layout at 800 px and a node that
+stops answering. tests/e2e/test_console.py drives it against real VMs and the SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.support import browser as b
+from tests.support.browser import browser_fixture, page_fixture  # noqa: F401 (fixtures)
+from tests.support.cluster import Child, aenv
+from tests.support.host import free_port
+
+KEY = "console-test-key"
+
+
+@dataclass
+class Node:
+    child: Child
+    console: str
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.child.origin, headers={"X-API-Key": KEY}, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    d = tmp_path_factory.mktemp("console")
+    port, console = free_port(), free_port()
+    child = Child(aenv("server"), port, d / "node.log", {
+        "AENV_RUNTIME": "fake", "AENV_DATA_DIR": str(d), "AENV_API_KEY": KEY,
+        "AENV_INSTANCE": "cn" + os.urandom(2).hex(), "AENV_HOST": "127.0.0.1",
+        "AENV_PORT": str(port), "AENV_CONSOLE_PORT": str(console), "AENV_LOG_LEVEL": "info",
+    })  # fmt: skip
+    child.start()
+    try:
+        assert f"Web console: http://127.0.0.1:{console}" in child.tail(), child.tail()
+        yield Node(child, f"http://127.0.0.1:{console}")
+    finally:
+        assert child.stop() == 0, child.tail()
+
+
+def _create(node: Node, n: int) -> list[str]:
+    with node.api() as c:
+        return [c.post("/sandboxes", json={"templateID": "base", "timeout": 600}).json()
+                ["sandboxID"] for _ in range(n)]  # fmt: skip
+
+
+def _kill_all(node: Node) -> None:
+    with node.api() as c:
+        for s in c.get("/v2/sandboxes").json():
+            c.delete(f"/sandboxes/{s['sandboxID']}")
+
+
+def test_the_api_answers_cors_for_the_console_alone(node: Node) -> None:
+    def preflight(origin: str) -> httpx.Response:
+        return httpx.options(node.child.origin + "/v2/sandboxes", headers={
+            "Origin": origin, "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "x-api-key"})  # fmt: skip
+
+    ok = preflight(node.console)
+    assert ok.headers["access-control-allow-origin"] == node.console
+    assert "x-api-key" in ok.headers["access-control-allow-headers"].lower()
+    assert "access-control-allow-credentials" not in ok.headers  # no cookie ever counts
+    for other in ("http://evil.test", node.child.origin, "http://127.0.0.1:1"):
+        assert "access-control-allow-origin" not in preflight(other).headers, other
+    with node.api() as c:
+        listed = c.get("/v2/sandboxes", headers={"Origin": node.console})
+    assert listed.headers["access-control-allow-origin"] == node.console
+    assert "x-next-token" in listed.headers["access-control-expose-headers"].lower()
+
+
+def test_the_data_plane_answers_cors_for_the_console_to_agents_alone(node: Node) -> None:
+    def preflight(origin: str, port: int) -> httpx.Response:
+        return httpx.options(
+            f"{node.child.origin}/proxy/someid/{port}/process.Process/Start",
+            headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "x-access-token,content-type"})  # fmt: skip
+
+    ok = preflight(node.console, 49983)
+    assert ok.status_code == 204
+    assert ok.headers["access-control-allow-origin"] == node.console
+    assert "x-access-token" in ok.headers["access-control-allow-headers"]
+    for origin, port in (("http://evil.test", 49983), (node.console, 8080)):
+        assert "access-control-allow-origin" not in preflight(origin, port).headers
+    # A refused request (no such sandbox) still tells the console why.
+    r = httpx.post(f"{node.child.origin}/proxy/someid/49983/files",
+                   headers={"Origin": node.console})  # fmt: skip
+    assert r.status_code == 502 and r.headers["access-control-allow-origin"] == node.console
+
+
+def test_the_key_stays_in_the_tab(node: Node, page: Page) -> None:
+    b.log_in(page, node.console, KEY)
+    assert KEY not in page.url
+    assert page.context.cookies() == []
+    assert page.evaluate("localStorage.length") == 0
+    assert page.evaluate("sessionStorage.getItem('aenv.key')") == KEY
+    # Another tab of the console has no key: it shows the login.
+    other = page.context.new_page()
+    other.goto(node.console + "/#/sandboxes")
+    expect(other.locator("#key")).to_be_visible()
+    page.click("#logout")
+    expect(page.locator("#key")).to_be_visible()
+    assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_every_action_is_reachable_by_keyboard_and_nothing_scrolls_sideways(
+        node: Node, page: Page) -> None:  # fmt: skip
+    ids = _create(node, 2)
+    try:
+        page.goto(node.console + "/")
+        assert not b.scrolls_sideways(page)
+        b.screenshot(page, "login")
+        page.keyboard.type(KEY)  # the key field has the focus
+        page.keyboard.press("Enter")
+        page.wait_for_selector(b.row(page, ids[0]))
+        label = f"Pause {ids[0]}"
+        for _ in range(60):  # Tab until the first sandbox's Pause button
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.getAttribute('aria-label')") == label:
+                break
+        else:
+            pytest.fail(f"Tab never reached {label!r}")
+        page.keyboard.press("Enter")
+        expect(page.locator("#confirm-ok")).to_be_focused()
+        page.keyboard.press("Enter")
+        expect(page.locator(f"{b.row(page, ids[0])} td.state")).to_have_text("paused (cold)")
+        with node.api() as c:
+            assert c.get(f"/sandboxes/{ids[0]}").json()["state"] == "paused"
+        assert not b.scrolls_sideways(page)
+        b.screenshot(page, "sandboxes")
+        page.goto(node.console + "/#/admin")
+        page.wait_for_selector("#admin table")
+        assert not b.scrolls_sideways(page)
+        b.screenshot(page, "admin")
+    finally:
+        _kill_all(node)
+
+
+def test_a_refused_action_shows_the_apis_message(node: Node, page: Page) -> None:
+    [sid] = _create(node, 1)
+    b.log_in(page, node.console, KEY)
+    page.wait_for_selector(b.row(page, sid))
+    with node.api() as c:
+        c.delete(f"/sandboxes/{sid}")  # gone behind the page's back
+    b.act(page, sid, "Pause")
+    expect(page.locator("#notice")).to_contain_text(f"Pause {sid} was refused: ")
+    expect(page.locator("#notice")).to_contain_text("doesn't exist")
+
+
+def test_a_node_that_stops_answering_shows_as_unreachable(node: Node, page: Page) -> None:
+    [sid] = _create(node, 1)
+    try:
+        b.log_in(page, node.console, KEY)
+        page.wait_for_selector(b.row(page, sid))
+        assert node.child.proc is not None
+        os.kill(node.child.proc.pid, signal.SIGSTOP)
+        try:
+            expect(page.locator("#notice")).to_contain_text("unreachable", timeout=40_000)
+            expect(page.locator("#stamp")).to_contain_text("Unreachable")
+            expect(page.locator(b.row(page, sid))).to_be_visible()  # as last seen, not empty
+            b.screenshot(page, "unreachable")
+        finally:
+            os.kill(node.child.proc.pid, signal.SIGCONT)
+        expect(page.locator("#notice")).to_be_empty(timeout=30_000)  # back once it answers
+    finally:
+        _kill_all(node)
+
+
+def test_static_files_are_the_consoles_own(node: Node) -> None:
+    root = Path(__file__).parents[3] / "src/aenv/console/static"
+    for path in ("/static/js/main.js", "/static/console.css"):
+        r = httpx.get(node.console + path)
+        assert r.status_code == 200 and r.content == (root / path[len("/static/"):]).read_bytes()
