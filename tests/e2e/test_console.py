@@ -26,6 +26,7 @@ from tests.support.browser import (  # noqa: F401
     row,
     screenshot,
 )
+from tests.support.image_state import removed_after
 
 SERVED_PORT = 8080
 
@@ -232,20 +233,72 @@ def test_a_pasted_dockerfile_builds_with_its_log_shown(console: Console, page: P
     page.click("#build-form >> text=Build")
     expect(page.locator("#notice")).to_contain_text("The build was refused: the Dockerfile: "
                                                     "COPY/ADD app.py /app/")  # fmt: skip
-    page.fill("#b-dockerfile", "FROM e2bdev/base\nRUN echo built-in-the-console > /tmp/marker\n"
+    # A step of its own (a fresh marker): the log shows it run, not taken from the cache.
+    marker = os.urandom(4).hex()
+    page.fill("#b-dockerfile", f"FROM e2bdev/base\nRUN echo {marker} > /tmp/marker\n"
                                "ENV FROM_CONSOLE=1\n")  # fmt: skip
-    page.click("#build-form >> text=Build")
-    try:
+    with removed_after():  # the template and its step-cache entries
+        page.click("#build-form >> text=Build")
         expect(page.locator("#build-status")).to_contain_text(": ready", timeout=240_000)
-        expect(page.locator("#build-log")).to_contain_text("echo built-in-the-console")
+        expect(page.locator("#build-log")).to_contain_text(f"echo {marker}")
         expect(page.locator(f'tr[data-template="{name}"]')).to_contain_text("ready")
         screenshot(page, "templates")
-        sbx = Sandbox.create(name, timeout=120)
+        made = Sandbox.create(name, timeout=120)
         try:
-            out = sbx.commands.run("cat /tmp/marker; echo $FROM_CONSOLE").stdout
-            assert out == "built-in-the-console\n1\n"
+            out = made.commands.run("cat /tmp/marker; echo $FROM_CONSOLE").stdout
+            assert out == f"{marker}\n1\n"
         finally:
-            sbx.kill()
-    finally:
+            made.kill()
         with console.admin() as api:
-            api.delete(f"/templates/{name}")
+            assert api.delete(f"/templates/{name}").status_code == 204
+
+
+def test_fork_snapshot_and_timeout_from_the_list_then_snapshots_and_volumes(
+        console: Console, page: Page, sbx: Sandbox) -> None:  # fmt: skip
+    made: list[str] = []
+    snap, vol = "console-snap-" + os.urandom(3).hex(), "console-vol-" + os.urandom(3).hex()
+    notice = page.locator("#notice")
+    try:
+        log_in(page, console.origin, API_KEY)
+        page.wait_for_selector(row(page, sbx.sandbox_id))
+        act(page, sbx.sandbox_id, "Timeout", "900")
+        expect(notice).to_have_text(f"{sbx.sandbox_id} now ends in 900 s.")
+        left = sbx.get_info().end_at.timestamp() - time.time()
+        assert 850 < left <= 900, left
+        act(page, sbx.sandbox_id, "Snapshot", snap)
+        expect(notice).to_contain_text(f"of {sbx.sandbox_id}.", timeout=120_000)
+        snapshot_id = notice.inner_text().split()[1]
+        with console.admin() as api:
+            assert [s["snapshotID"] for s in api.get("/snapshots", params={"name": snap}
+                                                     ).json()] == [snapshot_id]  # fmt: skip
+        act(page, sbx.sandbox_id, "Fork", "2")
+        expect(notice).to_contain_text(f"Forked {sbx.sandbox_id} into ", timeout=120_000)
+        children = notice.inner_text().removesuffix(".").split(" into ")[1].split(", ")
+        made += children
+        assert len(children) == 2
+        for c in children:
+            assert Sandbox.connect(c).commands.run("echo ok", timeout=120).stdout == "ok\n"
+
+        page.click("#nav >> text=Snapshots and volumes")
+        page.click(f'button[aria-label="New sandbox {snapshot_id}"]')
+        page.click("#confirm-ok")
+        expect(notice).to_contain_text(f"from {snapshot_id}.", timeout=120_000)
+        made.append(notice.inner_text().split()[1])
+        assert Sandbox.connect(made[-1]).commands.run("echo ok", timeout=120).stdout == "ok\n"
+        page.click(f'button[aria-label="Delete {snapshot_id}"]')
+        page.click("#confirm-ok")
+        expect(page.locator(f'tr[data-snapshot="{snapshot_id}"]')).to_have_count(0)
+        page.fill("#v-name", vol)
+        page.click("text=New volume")
+        expect(page.locator(f'tr[data-volume="{vol}"]')).to_be_visible()
+        screenshot(page, "storage")
+        page.click(f'button[aria-label="Delete {vol}"]')
+        page.click("#confirm-ok")
+        expect(page.locator(f'tr[data-volume="{vol}"]')).to_have_count(0)
+        with console.admin() as api:
+            assert api.get("/snapshots", params={"name": snap}).json() == []
+            assert vol not in [v["name"] for v in api.get("/volumes").json()]
+    finally:
+        for sid in made:
+            with contextlib.suppress(Exception):
+                Sandbox.kill(sid)

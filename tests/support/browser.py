@@ -81,7 +81,10 @@ def row(page: Page, sandbox_id: str) -> str:
     return f'tr[data-sandbox="{sandbox_id}"]'
 
 
-def act(page: Page, sandbox_id: str, action: str) -> None:
-    """Clicks a sandbox's action (Pause, Resume, Kill) and confirms it."""
+def act(page: Page, sandbox_id: str, action: str, value: str | None = None) -> None:
+    """Clicks a sandbox's action (Pause, Resume, Fork, ...) and confirms it, with `value` in
+    the dialog's field (a fork's count, a snapshot's name, a timeout)."""
     page.click(f'{row(page, sandbox_id)} button[aria-label="{action} {sandbox_id}"]')
+    if value is not None:
+        page.fill("#confirm-input", value)
     page.click("#confirm-ok")

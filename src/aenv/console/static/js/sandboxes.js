@@ -94,31 +94,56 @@ export function render(main) {
     const path = `/sandboxes/${encodeURIComponent(id)}`;
     const out = [];
     if (s.state === "running") {
-      out.push(action(id, "Pause", `Pause ${id}? Its memory and files are kept.`, "Paused",
-        () => call("POST", `${path}/pause`)));
+      out.push(action(id, "Pause", `Pause ${id}? Its memory and files are kept.`, async () => {
+        await call("POST", `${path}/pause`);
+        return `Paused ${id}.`;
+      }));
     } else {
-      out.push(action(id, "Resume", `Resume ${id}?`, "Resumed",
-        () => call("POST", `${path}/connect`, { timeout: RESUME_TIMEOUT_S })));
+      out.push(action(id, "Resume", `Resume ${id}?`, async () => {
+        await call("POST", `${path}/connect`, { timeout: RESUME_TIMEOUT_S });
+        return `Resumed ${id}.`;
+      }));
     }
-    out.push(action(id, "Kill", `Kill ${id}? Its memory and files are lost.`, "Killed",
-      () => call("DELETE", path)));
+    out.push(action(id, "Fork", `Fork ${id} into independent copies of its state now?`,
+      async (count) => {
+        const { data } = await call("POST", `${path}/fork`, { count: Number(count) });
+        const made = data.filter((r) => r.sandbox).map((r) => r.sandbox.sandboxID);
+        const failed = data.filter((r) => r.error).map((r) => r.error.message);
+        return `Forked ${id} into ${made.join(", ") || "nothing"}.`
+          + (failed.length ? ` Refused: ${failed.join("; ")}` : "");
+      }, { label: "Copies (1-20)", type: "number", value: "1" }));
+    if (s.state === "running") {
+      out.push(action(id, "Snapshot", `Snapshot ${id}? It keeps running.`, async (name) => {
+        const { data } = await call("POST", `${path}/snapshots`, name ? { name } : {});
+        return `Snapshot ${data.snapshotID} of ${id}.`;
+      }, { label: "Name (optional)", value: "" }));
+      out.push(action(id, "Timeout", `Set ${id}'s time left from now?`, async (secs) => {
+        await call("POST", `${path}/timeout`, { timeout: Number(secs) });
+        return `${id} now ends in ${secs} s.`;
+      }, { label: "Seconds", type: "number", value: "300" }));
+    }
+    out.push(action(id, "Kill", `Kill ${id}? Its memory and files are lost.`, async () => {
+      await call("DELETE", path);
+      return `Killed ${id}.`;
+    }));
     return out;
   }
 
-  function action(id, label, question, done, run) {
+  // A button that asks (with `field`: for a value too), runs, and says what came of it.
+  function action(id, label, question, run, field = null) {
     return h("button", {
       type: "button", "data-focus-key": `${label}:${id}`, "aria-label": `${label} ${id}`,
       onclick: async (ev) => {
         const button = ev.currentTarget;
-        if (!await confirmAction(question, label)) {
+        const answer = await confirmAction(question, label, field);
+        if (answer === false || answer === null) {
           button.focus();
           return;
         }
         button.disabled = true;
         notice(`${label}: ${id}…`);
         try {
-          await run();
-          notice(`${done} ${id}.`);
+          notice(await run(answer));
         } catch (e) {
           if (e.status !== 401) notice(`${label} ${id} was refused: ${e.message}`, true);
         }

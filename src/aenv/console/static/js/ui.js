@@ -23,16 +23,28 @@ export function notice(text, error = false) {
   n.textContent = text || "";
 }
 
-// Asks before an action; resolves true for OK. A <dialog> keeps focus inside while open.
-export function confirmAction(question, label) {
+// Asks before an action; resolves true for OK (or, with `field` {label, type, value}, the
+// value typed; null for Cancel). A <dialog> keeps focus inside while open.
+export function confirmAction(question, label, field = null) {
   const d = document.getElementById("confirm");
+  const box = document.getElementById("confirm-field");
+  const input = document.getElementById("confirm-input");
   document.getElementById("confirm-text").textContent = question;
   document.getElementById("confirm-ok").textContent = label;
+  box.hidden = !field;
+  if (field) {
+    document.getElementById("confirm-label").textContent = field.label;
+    input.type = field.type || "text";
+    input.value = field.value ?? "";
+  }
   d.returnValue = "";
   d.showModal();
-  document.getElementById("confirm-ok").focus();
+  (field ? input : document.getElementById("confirm-ok")).focus();
   return new Promise((resolve) => {
-    d.addEventListener("close", () => resolve(d.returnValue === "ok"), { once: true });
+    d.addEventListener("close", () => {
+      const ok = d.returnValue === "ok";
+      resolve(field ? (ok ? input.value.trim() : null) : ok);
+    }, { once: true });
   });
 }
 
