@@ -197,6 +197,9 @@ class Config(BaseModel):
     console: bool = True
     console_port: int = Field(0, ge=0, le=65535)
     console_origin: str = ""
+    # How often the node samples what teams hold for the console's overview (the last hour
+    # is kept, GET /overview).
+    overview_sample_s: float = Field(10.0, gt=0, le=300)
     # The key that encrypts secrets at rest (32 random bytes, made on first use at
     # <data_dir>/secrets.key unless named). Every node of a cluster needs the same one.
     secrets_key_file: Path | None = None
@@ -404,6 +407,7 @@ _SIMPLE_ENV = {
     "CONSOLE": "console",
     "CONSOLE_PORT": "console_port",
     "CONSOLE_ORIGIN": "console_origin",
+    "OVERVIEW_SAMPLE_S": "overview_sample_s",
     "SECRETS_KEY_FILE": "secrets_key_file",
     "ACCEL": "accel",
     "TCG_TB_MIB": "tcg_tb_mib",

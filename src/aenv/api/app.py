@@ -27,6 +27,7 @@ from aenv.api import (
     links,
     logs,
     metrics,
+    overview,
     rl,
     sandboxes,
     secrets,
@@ -50,6 +51,7 @@ from aenv.images.context import ContextStore
 from aenv.images.on_demand import OnDemandImages
 from aenv.machines.api import Runtime
 from aenv.orchestrator.factory import make_runtime
+from aenv.orchestrator.history import History
 from aenv.orchestrator.pending import PendingTemplates
 from aenv.orchestrator.service import Orchestrator
 from aenv.origins import console_origins
@@ -87,6 +89,7 @@ def build_api(node: Node) -> FastAPI:
     api.state.proxy = node.proxy
     api.state.sharing = None  # the cluster's snapshot sharing, once the node has joined
     api.state.rl = node.rl
+    api.state.history = node.history
     errors.install(api)
     # The console calls from its own origin (origins.py); no other origin gets CORS, and no
     # cookie counts (the key is a header the page sets).
@@ -107,6 +110,7 @@ def build_api(node: Node) -> FastAPI:
     api.include_router(volumes.router)
     api.include_router(volumes.content)
     api.include_router(teams.router)
+    api.include_router(overview.router)
     api.include_router(rl.router)
     api.include_router(rl.public)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
@@ -146,6 +150,10 @@ class Node:
                        if self.builds is not None else None)  # fmt: skip
         self.orchestrator.images = self.images
         self.rl = RL(self.orchestrator)  # groups, leases, evaluations (rl/server/)
+        # The last hour of what teams hold, for the console's overview (GET /overview).
+        self.history = History(self.orchestrator.store, self.runtime.tier,
+                               config.overview_sample_s)  # fmt: skip
+        self._history_task: asyncio.Task[None] | None = None
         # The node's own `base`, made while it serves if it has none (images/bases.py).
         self.base = (bases.InBackground(self.runtime, self.orchestrator.pending)
                      if self.builds is not None else None)  # fmt: skip
@@ -183,6 +191,7 @@ class Node:
              "accelerator": accel() if callable(accel) else None},
             separators=(",", ":")).encode()
         await self.rl.start()
+        self._history_task = asyncio.create_task(self.history.run(), name="aenv-history")
         self._started = True
         if self.base is not None:
             self.base.start()
@@ -193,6 +202,8 @@ class Node:
     async def close(self) -> None:
         if self._token_watch is not None:
             self._token_watch.cancel()
+        if self._history_task is not None:
+            self._history_task.cancel()
         try:
             if self.membership is not None:  # leave the cluster first: no new placements
                 await self.membership.leave()

@@ -21,7 +21,7 @@ STATIC = Path(__file__).parent / "static"
 # The libraries `make setup` installs from the npm registry (web/package-lock.json), served as
 # ES modules under /vendor/<name>/: no bundler, no CDN. Missing, the pages run without them.
 LIBRARIES = Path(__file__).parent / "web" / "node_modules"
-VENDOR = {"xterm": "@xterm/xterm", "addon-fit": "@xterm/addon-fit"}
+VENDOR = {"xterm": "@xterm/xterm", "addon-fit": "@xterm/addon-fit", "uplot": "uplot"}
 
 
 def csp(api: str) -> str:

@@ -460,6 +460,12 @@ class Store:
         ).fetchall()
         return [r[0] for r in rows]
 
+    def briefly(self) -> list[tuple[str, str, SandboxState, int]]:
+        """Every sandbox's id, team, state and guest RAM (MiB): no sealed field opened."""
+        rows = self.db.execute("SELECT sandbox_id, COALESCE(team_id, ?), state, memory_mib "
+                               "FROM sandboxes", (DEFAULT_TEAM,)).fetchall()  # fmt: skip
+        return [(sid, team, SandboxState(state), mib) for sid, team, state, mib in rows]
+
     def with_state(self, states: Iterable[SandboxState]) -> list[SandboxRecord]:
         states = tuple(states)
         marks = ", ".join("?" * len(states))

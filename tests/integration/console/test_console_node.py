@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         "AENV_RUNTIME": "fake", "AENV_DATA_DIR": str(d), "AENV_API_KEY": KEY,
         "AENV_INSTANCE": "cn" + os.urandom(2).hex(), "AENV_HOST": "127.0.0.1",
         "AENV_PORT": str(port), "AENV_CONSOLE_PORT": str(console), "AENV_LOG_LEVEL": "info",
+        "AENV_OVERVIEW_SAMPLE_S": "1",
     })  # fmt: skip
     child.start()
     try:
@@ -180,3 +182,47 @@ def test_static_files_are_the_consoles_own(node: Node) -> None:
     for path in ("/static/js/main.js", "/static/console.css"):
         r = httpx.get(node.console + path)
         assert r.status_code == 200 and r.content == (root / path[len("/static/"):]).read_bytes()
+
+
+def test_the_overview_shows_the_teams_hour_and_the_node_to_admins(node: Node, page: Page) -> None:
+    ids = _create(node, 3)
+    try:
+        with node.api() as c:
+            assert c.post(f"/sandboxes/{ids[0]}/pause").status_code == 204
+            team = c.post("/admin/teams", json={"name": "overview", "maxSandboxes": 5}).json()
+            key = c.post("/admin/keys", json={"team": team["teamID"]}).json()["key"]
+            created = c.post("/sandboxes", json={"templateID": "base"},
+                             headers={"X-API-Key": key}).json()["sandboxID"]  # fmt: skip
+        time.sleep(2.5)  # two samples of the node's ring buffer (1 s apart here)
+        with node.api() as c:
+            mine = c.get("/overview").json()
+            theirs = c.get("/overview", headers={"X-API-Key": key}).json()
+        assert mine["team"]["now"] == {"running": 2, "paused": 1, "hot": 0, "cold": 1,
+                                       "memoryMB": 2 * 512}  # fmt: skip
+        assert mine["team"]["history"][-1]["running"] == 2
+        assert mine["node"]["now"]["running"] == 3 and mine["node"]["maxSandboxes"] > 0
+        assert any(p["createsPerMin"] > 0 for p in mine["node"]["history"])
+        assert theirs["team"]["now"]["running"] == 1 and theirs["team"]["maxSandboxes"] == 5
+        assert theirs["node"] is None  # not an admin's key: nothing of the node or others
+
+        b.log_in(page, node.console, KEY)
+        page.goto(node.console + "/#/overview")
+        expect(page.locator("#c-running")).to_contain_text("2")
+        expect(page.locator("#c-paused")).to_contain_text("0 hot, 1 cold")
+        expect(page.locator("#c-node")).to_contain_text("3 of ")
+        expect(page.locator("#chart-team canvas")).to_have_count(1)
+        expect(page.locator("#chart-held canvas")).to_have_count(1)
+        assert not b.scrolls_sideways(page)
+        b.screenshot(page, "overview")
+        page.click("#logout")
+        b.log_in(page, node.console, key)
+        page.goto(node.console + "/#/overview")
+        expect(page.locator("#c-running")).to_contain_text("1 of 5")
+        expect(page.locator("#chart-team canvas")).to_have_count(1)
+        expect(page.locator("#c-node")).to_have_count(0)
+        expect(page.locator("#chart-held")).to_have_count(0)
+        with node.api() as c:
+            c.delete(f"/sandboxes/{created}", headers={"X-API-Key": key})
+            c.delete(f"/admin/teams/{team['teamID']}")
+    finally:
+        _kill_all(node)

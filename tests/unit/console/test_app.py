@@ -37,7 +37,8 @@ async def test_every_answer_keeps_the_page_to_its_own_scripts() -> None:
         "text/javascript")  # served as a module script
     assert (await _get("/static/../app.py")).status_code == 404
     # The libraries `make setup` installs (web/package-lock.json), as module scripts.
-    for lib in ("/vendor/xterm/lib/xterm.mjs", "/vendor/addon-fit/lib/addon-fit.mjs"):
+    for lib in ("/vendor/xterm/lib/xterm.mjs", "/vendor/addon-fit/lib/addon-fit.mjs",
+                "/vendor/uplot/dist/uPlot.esm.js"):
         r = await _get(lib)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
     assert (await _get("/vendor/xterm/css/xterm.css")).status_code == 200

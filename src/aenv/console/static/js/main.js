@@ -3,13 +3,14 @@
 import { clearKey, key, loadConfig } from "./api.js";
 import * as admin from "./admin.js";
 import * as login from "./login.js";
+import * as overview from "./overview.js";
 import * as sandbox from "./sandbox.js";
 import * as sandboxes from "./sandboxes.js";
 import * as storage from "./storage.js";
 import * as templates from "./templates.js";
 import { notice } from "./ui.js";
 
-const pages = { "#/sandboxes": sandboxes, "#/templates": templates,
+const pages = { "#/overview": overview, "#/sandboxes": sandboxes, "#/templates": templates,
                 "#/storage": storage, "#/admin": admin };
 const HOME = "#/sandboxes";
 let leave = null; // the shown page's cleanup (its timers)
