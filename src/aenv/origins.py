@@ -22,22 +22,24 @@ def _scheme(config: Config) -> str:
     return "https" if config.tls_cert_file is not None else "http"
 
 
-def api_origin(config: Config) -> str:
-    """The origin a client on this host reaches the node's API at."""
+def api_origin(config: Config, port: int | None = None) -> str:
+    """The origin a client on this host reaches the API at: a node's (`port`), or a
+    gateway's (`port` its own)."""
     if config.public_url:
         return config.public_url.rstrip("/")
     host = "127.0.0.1" if config.host in _ANY else config.host
-    return f"{_scheme(config)}://{_host(host)}:{config.port}"
+    return f"{_scheme(config)}://{_host(host)}:{port or config.port}"
 
 
-def console_port(config: Config) -> int:
-    return config.console_port or config.port + 2
+def console_port(config: Config, port: int | None = None) -> int:
+    """The console's beside an API on `port` (a node's by default)."""
+    return config.console_port or (port or config.port) + 2
 
 
-def console_origins(config: Config) -> list[str]:
-    """The origins the console is opened at: `console_origin` if set, else this host's
-    console port under each name a browser on this host may give a loopback or any-address
-    listener (the first is the one to print)."""
+def console_origins(config: Config, port: int | None = None) -> list[str]:
+    """The origins the console beside an API on `port` is opened at: `console_origin` if
+    set, else this host's console port under each name a browser on this host may give a
+    loopback or any-address listener (the first is the one to print)."""
     if not config.console:
         return []
     if config.console_origin:
@@ -46,7 +48,7 @@ def console_origins(config: Config) -> list[str]:
         hosts = ["127.0.0.1", "localhost"]
     else:
         hosts = [config.host]
-    return [f"{_scheme(config)}://{_host(h)}:{console_port(config)}" for h in hosts]
+    return [f"{_scheme(config)}://{_host(h)}:{console_port(config, port)}" for h in hosts]
 
 
 def loopback_host(host: str) -> bool:

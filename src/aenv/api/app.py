@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from starlette.middleware.cors import CORSMiddleware
 
 import aenv
 from aenv.api import (
@@ -91,12 +90,6 @@ def build_api(node: Node) -> FastAPI:
     api.state.rl = node.rl
     api.state.history = node.history
     errors.install(api)
-    # The console calls from its own origin (origins.py); no other origin gets CORS, and no
-    # cookie counts (the key is a header the page sets).
-    api.add_middleware(CORSMiddleware, allow_origins=console_origins(node.config),
-                       allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-                       allow_headers=["X-API-Key", "Content-Type"],
-                       expose_headers=["X-Next-Token", "Retry-After"], max_age=600)  # fmt: skip
     api.include_router(system.router)
     api.include_router(internal.router)
     api.include_router(metrics.router)  # before /sandboxes/{id}: /sandboxes/metrics
@@ -143,6 +136,7 @@ class Node:
         self.orchestrator = Orchestrator(config, self.runtime)
         self.proxy = DataPlaneProxy(self.orchestrator.routes, config.domain,
                                     resolve=self.orchestrator.route_for_paused)  # fmt: skip
+        # The console calls from its own origin (origins.py): CORS for it alone.
         self.console_cors = ConsoleCors(console_origins(config), self.proxy.agent_port)
         self.builds = _builds(config, self.runtime, self.orchestrator.pending)
         # Sandboxes from image references (images/on_demand.py): a node that builds pulls.
@@ -226,13 +220,10 @@ class Node:
         kind = scope["type"]
         if kind == "http" or kind == "websocket":
             target = self.proxy.match(scope)
+            send = await self.console_cors.around(scope, send, target and target.port)
+            if send is None:  # a preflight of the console's, answered
+                return
             if target is not None:
-                origin = self.console_cors.origin(scope, target.port)
-                if origin is not None and self.console_cors.is_preflight(scope):
-                    await self.console_cors.preflight(send, origin)
-                    return
-                if origin is not None:
-                    send = self.console_cors.wrap(send, origin)
                 await self.proxy.handle(scope, receive, send, target)
             elif uploads.is_upload(scope):
                 await uploads.handle(self.builds and self.builds.contexts, scope, receive, send)

@@ -8,48 +8,34 @@ sandbox, end every remaining VM (runtime.close) and exit 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import sys
-from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
 
 from aenv.api.app import Node
-from aenv.api.serving import GracefulServer, listen, tls_options
+from aenv.api.serving import ServerWithSides, Side, console_side, listen, tls_options
 from aenv.api.welcome import first_contact
 from aenv.cluster.identity import node_url
 from aenv.cluster.links import Links, LinksRefused, TokenFile, check_plain, link_port
 from aenv.config import Config
-from aenv.console.app import console_app
 from aenv.obs import configure_logging, log_event
-from aenv.origins import api_origin, console_origins, console_port
+from aenv.origins import console_origins
 
 log = logging.getLogger("aenv.server")
 
 
-class _SideServer(uvicorn.Server):
-    """The cluster listener (cluster/links.py: the same app, mutual TLS) or the console's: no
-    lifespan of its own; started and stopped by the node's main server, which holds the
-    signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-class _Server(GracefulServer):
+class _Server(ServerWithSides):
     def __init__(self, config: uvicorn.Config, node: Node,
                  link: tuple[Links, uvicorn.Config, socket.socket] | None = None,
-                 console: tuple[uvicorn.Config, socket.socket] | None = None) -> None:
+                 console: Side | None = None) -> None:
         super().__init__(config)
         self.node = node
         self._loop: asyncio.AbstractEventLoop | None = None
         self._link = link
         self._console = console
-        self._sides: list[tuple[_SideServer, asyncio.Task[None]]] = []
         self._watch: asyncio.Task[None] | None = None
 
     async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
@@ -63,26 +49,18 @@ class _Server(GracefulServer):
             config.load()
             assert config.ssl is not None
             links.track(config.ssl)  # replaced certificate files reach it (rotation)
-            self._side(config, sock)
+            self.start_side(config, sock)
             self._watch = asyncio.create_task(links.watch())
         if not self.should_exit and self._console is not None:
-            self._side(*self._console)
+            self.start_side(*self._console)
         if not self.should_exit:  # serving: say how to reach it
             console = console_origins(self.node.config)[0] if self._console else None
             print(first_contact(self.node.config, console), flush=True)
 
-    def _side(self, config: uvicorn.Config, sock: socket.socket) -> None:
-        server = _SideServer(config)
-        self._sides.append((server, asyncio.create_task(server.serve([sock]))))
-
     async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         if self._watch is not None:
             self._watch.cancel()
-        for server, _ in self._sides:
-            server.should_exit = True  # the cluster's calls and the console stop with the rest
-        for _, task in self._sides:
-            await task
-        await super().shutdown(sockets)
+        await super().shutdown(sockets)  # the cluster's calls and the console stop first
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:
@@ -129,35 +107,14 @@ def run(config: Config) -> int:
         print(f"aenv server: {why}", file=sys.stderr)
         return 1
     node = Node(config)
-    console = _console_listener(config)
     server = _Server(uvicorn_config(node, config), node,
                      None if link is None else (link[0], uvicorn_config(node, config,
                                                                         link=link[0]), link[1]),
-                     None if console is None else (_console_config(config), console))
+                     console_side(config, config.port))
     log_event(log, "server.starting", host=config.host, port=config.port,
               data_dir=str(config.data_dir), runtime=config.runtime)  # fmt: skip
     server.run(sockets=[sock])
     return 0 if server.started else 1
-
-
-def _console_config(config: Config) -> uvicorn.Config:
-    return uvicorn.Config(
-        console_app(api_origin(config)), host=config.host, port=console_port(config),
-        lifespan="off", access_log=False, log_config=None, server_header=False,
-        **tls_options(config),  # type: ignore[arg-type]
-    )  # fmt: skip
-
-
-def _console_listener(config: Config) -> socket.socket | None:
-    """The console's socket; a taken port costs the console only (the API serves on)."""
-    if not config.console:
-        return None
-    try:
-        return listen(config.host, console_port(config))
-    except OSError as e:
-        log.warning("the console is off: cannot listen on %s:%d (console_port): %s",
-                    config.host, console_port(config), e.strerror)
-        return None
 
 
 def _link_listener(config: Config) -> tuple[Links, socket.socket] | None:

@@ -105,17 +105,10 @@ def drain(
     config: ConfigOpt = None,
 ) -> None:
     """Stop placements and creates on a node; its sandboxes finish (or, --pause, pause)."""
-    from aenv.cluster.membership import Members
-    from aenv.cluster.node import Drain, drain_key
+    from aenv.cluster import draining
 
     async def write(client: Etcd, cfg: Config) -> bool:
-        members = Members(client, cfg.cluster.prefix)
-        await members.load()
-        if name not in members.nodes:
-            return False
-        await client.put(drain_key(cfg.cluster.prefix, name),
-                         Drain(pause=pause, at=time.time()).model_dump_json())
-        return True
+        return await draining.drain(client, cfg.cluster.prefix, name, pause)
 
     if not _with_etcd(etcd, config, write):
         raise CliError(f"no node {name!r} is registered (aenv cluster status lists them)")
@@ -129,10 +122,10 @@ def undrain(
     config: ConfigOpt = None,
 ) -> None:
     """Take placements and creates on a drained node again."""
-    from aenv.cluster.node import drain_key
+    from aenv.cluster import draining
 
-    async def delete(client: Etcd, cfg: Config) -> int:
-        return await client.delete(drain_key(cfg.cluster.prefix, name))
+    async def delete(client: Etcd, cfg: Config) -> bool:
+        return await draining.undrain(client, cfg.cluster.prefix, name)
 
     if not _with_etcd(etcd, config, delete):
         raise CliError(f"node {name!r} is not draining")

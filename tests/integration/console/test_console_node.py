@@ -143,6 +143,8 @@ def test_every_action_is_reachable_by_keyboard_and_nothing_scrolls_sideways(
         page.wait_for_selector("#admin table")
         assert not b.scrolls_sideways(page)
         b.screenshot(page, "admin")
+        page.goto(node.console + "/#/nodes")  # a single node: its gateway lists a cluster's
+        expect(page.locator("#no-cluster")).to_contain_text("console of its gateway")
     finally:
         _kill_all(node)
 

@@ -31,10 +31,9 @@ import re
 import time
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-import aenv
+from aenv.api.console_cors import ConsoleCors
 from aenv.api.lifespan import lifespan
 from aenv.api.proxy import UNAUTHORIZED, Target, not_found_body
 from aenv.api.relay import (
@@ -52,7 +51,7 @@ from aenv.api.relay import (
 from aenv.api.upstream import UpstreamPool
 from aenv.cluster import placement, wire
 from aenv.cluster.etcd import Etcd, EtcdError
-from aenv.cluster.gateway import callers, client, lists, orphans, routing, settings
+from aenv.cluster.gateway import admin, callers, client, lists, orphans, routing, settings
 from aenv.cluster.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.cluster.gateway.idempotency import Claim, Idempotency, KeyReused
 from aenv.cluster.gateway.nodes import (
@@ -135,6 +134,8 @@ class Gateway:
         self.teams: EtcdTeams | None = None  # every team's keys (cluster/teams.py)
         self.rl_home: RlHome | None = None
         self._found: dict[str, tuple[str, float]] = {}  # sandbox id -> (node, until)
+        self.cors = ConsoleCors([])  # the console's origins, once it serves one (server.py)
+        self.admin = admin.NodesAdmin(self._etcd, self.prefix, self.links, self._nodes)
         install_abort_filter()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -191,6 +192,10 @@ class Gateway:
         if kind == "websocket":
             await receive()  # websocket.connect
         r = routing.route(scope, self.domain)
+        send = await self.cors.around(scope, send, r.target.port
+                                      if isinstance(r, routing.Data) else None)  # fmt: skip
+        if send is None:  # a preflight of the console's, answered
+            return
         label = type(r).__name__
         try:
             outcome = await self._dispatch(r, scope, receive, send)
@@ -227,8 +232,11 @@ class Gateway:
         if isinstance(r, routing.Listing):
             return await self._listing(scope, send, r.kind)
         if isinstance(r, routing.Own):
-            await self._own(send, r.what)
+            await admin.own(send, r.what, len(self._nodes()))
             return "ok"
+        if isinstance(r, routing.NodesAdmin):
+            return await self.admin.handle(scope, receive, send,
+                                           callers.caller(self.teams, scope))  # fmt: skip
         node = (await self.rl_home.node() if isinstance(r, routing.RlHome) and self.rl_home
                 else self._template_home(r.name if isinstance(r, routing.ByTemplate) else None))
         if node is None:
@@ -237,6 +245,10 @@ class Gateway:
         return await self._relay(scope, receive, send, node, self._control_headers(scope))
 
     # -- where things are ------------------------------------------------------------------
+
+    def _etcd(self) -> Etcd:
+        assert self.etcd is not None  # between start and close
+        return self.etcd
 
     def _nodes(self) -> list[NodeRecord]:
         assert self.members is not None
@@ -557,27 +569,8 @@ class Gateway:
         if not self._key_ok(scope):
             await send_json(send, 401, {"code": 401, "message": "Invalid API key"})
             return "unauthorized"
-        nodes = self._nodes()
-        target = target_of(scope, scope["path"].encode())
-        answers = await call_all(self.links, nodes, "GET", target, self._control_headers(scope))
-        merged = lists.merge(kind, scope.get("query_string", b""), answers)
-        data = lists.body_bytes(merged)
-        await send({"type": "http.response.start", "status": merged.status, "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()), *merged.headers]})  # fmt: skip
-        await send({"type": "http.response.body", "body": data})
-        return "ok" if merged.status == 200 else f"status_{merged.status}"
-
-    async def _own(self, send: Any, what: str) -> None:
-        if what == "metrics":
-            data = generate_latest()
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", CONTENT_TYPE_LATEST.encode()),
-                (b"content-length", str(len(data)).encode())]})  # fmt: skip
-            await send({"type": "http.response.body", "body": data})
-            return
-        await send_json(send, 200, {"status": "ok", "version": aenv.__version__,
-                                    "role": "gateway", "nodes": len(self._nodes())})  # fmt: skip
+        return await lists.answer(self.links, self._nodes(), kind, scope, send,
+                                  self._control_headers(scope))  # fmt: skip
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         await lifespan(receive, send, self.start, self.close, "gateway")

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import parse_qs
 
 from aenv.api.query import decode_cursor  # the nodes' own format
+from aenv.api.relay import target_of
 from aenv.cluster import wire
-from aenv.cluster.gateway.nodes import Answer, NodeUnreachable
+from aenv.cluster.gateway import overview
+from aenv.cluster.gateway.nodes import Answer, NodeLinks, NodeUnreachable, call_all
+from aenv.cluster.membership import NodeRecord
 
 _NEXT = b"x-next-token"
 
@@ -52,6 +56,8 @@ def merge(kind: str, query: bytes, answers: Sequence[Answer | NodeUnreachable]) 
     if failed is not None:
         return failed
     ok = [a for a in answers if isinstance(a, Answer)]
+    if kind == "overview":
+        return Merged(200, overview.join([a.json() for a in ok]), [])
     if kind == "sandboxes":
         return Merged(200, [item for a in ok for item in a.json()], [])
     if kind == "metrics":  # each node has its own sandboxes' latest samples
@@ -97,3 +103,17 @@ def _decode(token: str) -> tuple[int, str]:
 
 def body_bytes(m: Merged) -> bytes:
     return json.dumps(m.body, separators=(",", ":")).encode()
+
+
+async def answer(links: NodeLinks, nodes: list[NodeRecord], kind: str, scope: dict[str, Any],
+                 send: Any, headers: list[tuple[bytes, bytes]]) -> str:  # fmt: skip
+    """Asks every node and answers with the merged listing; the outcome's label."""
+    target = target_of(scope, scope["path"].encode())
+    answers = await call_all(links, nodes, "GET", target, headers)
+    merged = merge(kind, scope.get("query_string", b""), answers)
+    data = body_bytes(merged)
+    await send({"type": "http.response.start", "status": merged.status, "headers": [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()), *merged.headers]})  # fmt: skip
+    await send({"type": "http.response.body", "body": data})
+    return "ok" if merged.status == 200 else f"status_{merged.status}"

@@ -5,8 +5,9 @@ In this order:
    signed `/files` URL): the node its binding names (`api/proxy.py` has the rules);
 2. `/sandboxes/<id>…` and `/v2/sandboxes/<id>…`: likewise;
 3. `POST /sandboxes` and `POST /v2/sandboxes`: a create, placed (`placement.py`);
-4. `GET /sandboxes`, `GET /v2/sandboxes`, `GET /snapshots`, `GET /templates` and
-   `GET /sandboxes/metrics` (of several sandboxes): every node, merged (`lists.py`);
+4. `GET /sandboxes`, `GET /v2/sandboxes`, `GET /snapshots`, `GET /templates`,
+   `GET /sandboxes/metrics` (of several sandboxes) and `GET /overview`: every node, merged
+   (`lists.py`, `overview.py`);
 5. a template or snapshot by name (`/templates/<name>…`, `/snapshots/<id>/fork`): a node
    that holds it; a build (`POST /v3/templates`, and every `…/builds…` and `…/files…`
    call of one) and the template tags: the cluster's first node (by name), whichever
@@ -15,7 +16,8 @@ In this order:
 6. `/health` and `/metrics`: the gateway's own;
 7. the RL plane (`/rl/...`): the cluster's RL home (`rl_home.py`), but a call naming a
    sandbox (`/rl/sandboxes/<id>/...`): the sandbox's node, as 2;
-8. anything else: the first node (whose answer is then the cluster's: a 404, openapi).
+8. the cluster's nodes (`/admin/nodes...`, admin keys): the gateway's own (`admin.py`);
+9. anything else: the first node (whose answer is then the cluster's: a 404, openapi).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from aenv.api.proxy import Target, match_target
+from aenv.cluster.gateway.admin import is_nodes_admin
 
 _SANDBOX = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)(?:/.*)?$")
 _TEMPLATE = re.compile(r"^/(?:v2/)?templates/(.+?)(?:/(?:builds|files|tags)(?:/.*)?)?$")
@@ -50,9 +53,13 @@ class Create:
     pass
 
 
+ListingKind = Literal["sandboxes", "sandboxes_v2", "snapshots", "templates", "metrics",
+                      "overview"]
+
+
 @dataclass(frozen=True, slots=True)
 class Listing:
-    kind: Literal["sandboxes", "sandboxes_v2", "snapshots", "templates", "metrics"]
+    kind: ListingKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +78,20 @@ class RlHome:
 
 
 @dataclass(frozen=True, slots=True)
+class NodesAdmin:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class AnyNode:
     pass
 
 
-Route = Data | OneSandbox | Create | Listing | ByTemplate | Own | RlHome | AnyNode
+Route = Data | OneSandbox | Create | Listing | ByTemplate | Own | RlHome | NodesAdmin | AnyNode
 
-_LISTINGS: dict[str, Literal["sandboxes", "sandboxes_v2", "snapshots", "templates", "metrics"]] = {
+_LISTINGS: dict[str, ListingKind] = {
     "/sandboxes": "sandboxes", "/v2/sandboxes": "sandboxes_v2", "/snapshots": "snapshots",
-    "/templates": "templates", "/sandboxes/metrics": "metrics",
+    "/templates": "templates", "/sandboxes/metrics": "metrics", "/overview": "overview",
 }  # fmt: skip
 
 
@@ -99,6 +111,8 @@ def route(scope: dict[str, Any], domain: bytes | None) -> Route:
         return OneSandbox(m.group(1))
     if path.startswith("/rl/"):
         return RlHome()
+    if is_nodes_admin(path):
+        return NodesAdmin()
     if path in ("/health", "/metrics") and method == "GET":
         return Own("health" if path == "/health" else "metrics")
     if m := _SNAPSHOT_FORK.match(path):

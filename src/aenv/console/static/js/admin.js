@@ -1,7 +1,7 @@
 // Teams and keys (admin keys only): teams with their limits and use, keys, a new key (shown
 // once) and revocation. A key that is not an admin's sees the API's 403 and nothing else.
 import { call } from "./api.js";
-import { confirmAction, h, notice, table } from "./ui.js";
+import { actionButton, h, notice, table } from "./ui.js";
 
 export function render(main) {
   const body = h("div", { id: "admin" });
@@ -39,20 +39,15 @@ export function render(main) {
   }
 
   function revoke(k) {
-    return h("button", {
-      type: "button", class: "danger", "aria-label": `Revoke ${k.mask}`,
-      onclick: async () => {
-        if (!await confirmAction(`Revoke key ${k.mask} (${k.name || "unnamed"})? `
-                                 + "Whoever holds it loses access at once.", "Revoke")) return;
-        try {
-          await call("DELETE", `/admin/keys/${encodeURIComponent(k.keyID)}`);
-          notice(`Revoked ${k.mask}.`);
-        } catch (e) {
-          if (e.status !== 401) notice(`Revoking ${k.mask} was refused: ${e.message}`, true);
-        }
-        load();
+    return actionButton({
+      label: "Revoke", what: k.mask, after: load, attrs: { class: "danger" },
+      question: `Revoke key ${k.mask} (${k.name || "unnamed"})? Whoever holds it loses `
+        + "access at once.",
+      run: async () => {
+        await call("DELETE", `/admin/keys/${encodeURIComponent(k.keyID)}`);
+        return `Revoked ${k.mask}.`;
       },
-    }, "Revoke");
+    });
   }
 
   function newKey(teams) {

@@ -3,6 +3,7 @@
 import { clearKey, key, loadConfig } from "./api.js";
 import * as admin from "./admin.js";
 import * as login from "./login.js";
+import * as nodes from "./nodes.js";
 import * as overview from "./overview.js";
 import * as sandbox from "./sandbox.js";
 import * as sandboxes from "./sandboxes.js";
@@ -11,7 +12,7 @@ import * as templates from "./templates.js";
 import { notice } from "./ui.js";
 
 const pages = { "#/overview": overview, "#/sandboxes": sandboxes, "#/templates": templates,
-                "#/storage": storage, "#/admin": admin };
+                "#/storage": storage, "#/nodes": nodes, "#/admin": admin };
 const HOME = "#/sandboxes";
 let leave = null; // the shown page's cleanup (its timers)
 let reason = ""; // why the login is shown again

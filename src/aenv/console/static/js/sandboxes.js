@@ -1,7 +1,7 @@
 // Sandboxes: the team's running and paused sandboxes, filtered and paged as the API pages
 // them, with the actions each state allows. Refreshed every few seconds.
 import { call } from "./api.js";
-import { ago, confirmAction, dialogOpen, h, left, notice, table } from "./ui.js";
+import { actionButton, ago, dialogOpen, h, left, notice, table } from "./ui.js";
 
 const PAGE = 50;
 const REFRESH_MS = 5000;
@@ -129,27 +129,9 @@ export function render(main) {
     return out;
   }
 
-  // A button that asks (with `field`: for a value too), runs, and says what came of it.
   function action(id, label, question, run, field = null) {
-    return h("button", {
-      type: "button", "data-focus-key": `${label}:${id}`, "aria-label": `${label} ${id}`,
-      onclick: async (ev) => {
-        const button = ev.currentTarget;
-        const answer = await confirmAction(question, label, field);
-        if (answer === false || answer === null) {
-          button.focus();
-          return;
-        }
-        button.disabled = true;
-        notice(`${label}: ${id}…`);
-        try {
-          notice(await run(answer));
-        } catch (e) {
-          if (e.status !== 401) notice(`${label} ${id} was refused: ${e.message}`, true);
-        }
-        await load();
-      },
-    }, label);
+    return actionButton({ label, what: id, question, run, field, after: load,
+                          attrs: { "data-focus-key": `${label}:${id}` } });
   }
 
   load();

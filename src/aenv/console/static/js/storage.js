@@ -1,7 +1,7 @@
 // Snapshots and volumes: the team's snapshots (a sandbox made from one, delete) and volumes
 // (new, delete; the API refuses one a sandbox mounts, and says so).
 import { call } from "./api.js";
-import { confirmAction, h, notice, table } from "./ui.js";
+import { actionButton, h, notice, table } from "./ui.js";
 
 export function render(main) {
   const snapshots = h("div", { id: "snapshots" });
@@ -44,18 +44,7 @@ export function render(main) {
   }
 
   function button(question, label, what, run) {
-    return h("button", {
-      type: "button", "aria-label": `${label} ${what}`,
-      onclick: async () => {
-        if (!await confirmAction(question, label)) return;
-        try {
-          notice(await run());
-        } catch (e) {
-          if (e.status !== 401) notice(`${label} ${what} was refused: ${e.message}`, true);
-        }
-        load();
-      },
-    }, label);
+    return actionButton({ label, what, question, run, after: load });
   }
 
   const form = h("form", {

@@ -48,6 +48,30 @@ export function confirmAction(question, label, field = null) {
   });
 }
 
+// A button that asks first (with `field`: for a value too), runs `run(value)`, shows what
+// it returns (or the API's refusal), then calls `after()`.
+export function actionButton({ label, what, question, run, after, field = null, attrs = {} }) {
+  return h("button", {
+    type: "button", "aria-label": `${label} ${what}`, ...attrs,
+    onclick: async (ev) => {
+      const button = ev.currentTarget;
+      const answer = await confirmAction(question, label, field);
+      if (answer === false || answer === null) {
+        button.focus();
+        return;
+      }
+      button.disabled = true;
+      notice(`${label}: ${what}…`);
+      try {
+        notice(await run(answer));
+      } catch (e) {
+        if (e.status !== 401) notice(`${label} ${what} was refused: ${e.message}`, true);
+      }
+      await after();
+    },
+  }, label);
+}
+
 export const dialogOpen = () => document.getElementById("confirm").open;
 
 export function table(headers, rows) {
