@@ -97,6 +97,9 @@ def test_pause_and_resume_from_the_page_and_the_sdk_sees_them(console: Console, 
     page.fill("#f-metadata", "from=console-test")
     page.click("text=Filter")
     expect(page.locator(f"{row(page, sbx.sandbox_id)} td.state")).to_have_text("running")
+    # Its live figures: the latest metrics sample's memory used, against its shape.
+    expect(page.locator(f"{row(page, sbx.sandbox_id)} td.mem")).to_contain_text(
+        " of 512 MiB", timeout=60_000)  # fmt: skip
     screenshot(page, "sandboxes-real")
     act(page, sbx.sandbox_id, "Pause")
     expect(page.locator("#notice")).to_have_text(f"Paused {sbx.sandbox_id}.",
@@ -164,6 +167,8 @@ def test_the_terminal_runs_a_shell_and_ctrl_c_stops_a_command(console: Console, 
     log_in(page, console.origin, API_KEY)
     page.click(f'a[href="#/sandbox/{sbx.sandbox_id}"]')
     expect(page.locator("#details")).to_contain_text("running")
+    expect(page.locator("#log")).to_contain_text("sandbox.created", timeout=30_000)
+    expect(page.locator("#chart-mem canvas")).to_have_count(1, timeout=30_000)
     page.click("#open-terminal")
     rows = page.locator("#terminal .xterm-rows")
     expect(rows).to_contain_text("$", timeout=60_000)  # bash's prompt

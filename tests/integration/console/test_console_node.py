@@ -228,3 +228,32 @@ def test_the_overview_shows_the_teams_hour_and_the_node_to_admins(node: Node, pa
             c.delete(f"/admin/teams/{team['teamID']}")
     finally:
         _kill_all(node)
+
+
+def test_teams_limits_and_keys_from_the_admin_page(node: Node, page: Page) -> None:
+    name = "console-" + os.urandom(2).hex()
+    b.log_in(page, node.console, KEY)
+    page.goto(node.console + "/#/admin")
+    page.fill("#t-name", name)
+    page.fill("#t-max", "3")
+    page.click("button:text-is(\"New team\")")
+    team = page.locator(f'tr[data-team="{name}"]')
+    expect(team).to_contain_text("0 of 3")
+    team.locator("button", has_text="Sandbox limit").click()
+    page.fill("#confirm-input", "5")
+    page.click("#confirm-ok")
+    expect(team).to_contain_text("0 of 5")
+    page.select_option("#k-team", label=name)
+    page.fill("#k-name", "from-the-page")
+    page.click("button:text-is(\"New key\")")
+    secret = page.locator("#new-key-secret").inner_text()
+    with node.api() as c:  # the key shown once works, for that team
+        r = c.get("/v2/sandboxes", headers={"X-API-Key": secret})
+        assert r.status_code == 200 and r.json() == []
+        key = next(k for k in c.get("/admin/keys").json() if k["name"] == "from-the-page")
+    page.click(f'button[aria-label="Revoke {key["mask"]}"]')
+    page.click("#confirm-ok")
+    expect(page.locator("#notice")).to_have_text(f"Revoked {key['mask']}.")
+    with node.api() as c:
+        assert c.get("/v2/sandboxes", headers={"X-API-Key": secret}).status_code == 401
+        assert c.delete(f"/admin/teams/{name}").status_code == 204

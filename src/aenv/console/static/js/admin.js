@@ -24,10 +24,14 @@ export function render(main) {
     const names = new Map(teams.data.map((t) => [t.teamID, t.name]));
     body.replaceChildren(
       h("h2", {}, "Teams"),
-      table(["Name", "ID", "Sandboxes", "Memory"], teams.data.map((t) => h("tr", {},
-        h("td", {}, t.name), h("td", { class: "id" }, t.teamID),
-        h("td", {}, `${t.usage.sandboxes} of ${t.maxSandboxes ?? "no limit"}`),
-        h("td", {}, `${t.usage.memoryMB} MiB of ${t.maxMemoryMB ?? "no limit"}`)))),
+      table(["Name", "ID", "Sandboxes", "Memory", ""], teams.data.map((t) =>
+        h("tr", { "data-team": t.name },
+          h("td", {}, t.name), h("td", { class: "id" }, t.teamID),
+          h("td", {}, `${t.usage.sandboxes} of ${t.maxSandboxes ?? "no limit"}`),
+          h("td", {}, `${t.usage.memoryMB} MiB of ${t.maxMemoryMB ?? "no limit"}`),
+          h("td", { class: "actions" }, limit(t, "maxSandboxes", "Sandbox limit"),
+            limit(t, "maxMemoryMB", "Memory limit (MiB)"))))),
+      newTeam(),
       h("h2", {}, "Keys"),
       table(["Key", "Name", "Team", "Admin", "Created", "Revoked", ""],
         keys.data.map((k) => h("tr", { "data-key": k.keyID },
@@ -36,6 +40,45 @@ export function render(main) {
           h("td", {}, k.createdAt), h("td", {}, k.revokedAt || "—"),
           h("td", {}, k.revokedAt ? "" : revoke(k))))),
       newKey(teams.data));
+  }
+
+  // A team's limit set (a number) or lifted (empty).
+  function limit(t, field, label) {
+    return actionButton({
+      label: label.split(" (")[0], what: t.name, after: load,
+      question: `${label} of team ${t.name} (empty: none)?`,
+      field: { label, type: "number", value: t[field] ?? "" },
+      run: async (value) => {
+        await call("PATCH", `/admin/teams/${encodeURIComponent(t.teamID)}`,
+                   { [field]: value === "" ? null : Number(value) });
+        return `Team ${t.name}: ${label.toLowerCase()} ${value === "" ? "lifted" : value}.`;
+      },
+    });
+  }
+
+  function newTeam() {
+    const name = h("input", { id: "t-name", required: true, size: 16 });
+    const max = h("input", { id: "t-max", type: "number", min: 1, size: 6 });
+    const mem = h("input", { id: "t-mem", type: "number", min: 1, size: 8 });
+    const form = h("form", {
+      class: "row",
+      onsubmit: async (ev) => {
+        ev.preventDefault();
+        try {
+          await call("POST", "/admin/teams", { name: name.value.trim(),
+            maxSandboxes: max.value ? Number(max.value) : null,
+            maxMemoryMB: mem.value ? Number(mem.value) : null });
+          notice(`Made team ${name.value.trim()}.`);
+        } catch (e) {
+          if (e.status !== 401) notice(`The team was refused: ${e.message}`, true);
+        }
+        load();
+      },
+    }, h("label", { for: "t-name" }, "Name", name),
+    h("label", { for: "t-max" }, "Max sandboxes", max),
+    h("label", { for: "t-mem" }, "Max memory (MiB)", mem),
+    h("button", { type: "submit" }, "New team"));
+    return h("section", {}, h("h2", {}, "New team"), form);
   }
 
   function revoke(k) {

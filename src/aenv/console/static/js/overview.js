@@ -2,17 +2,10 @@
 // (GET /overview, from the node's ring buffer); for an admin key the node's too: capacity,
 // create and fork rates, memory held. Charts by uPlot; refreshed as the node samples.
 import { call } from "./api.js";
+import { lineChart, NO_CHARTS, uPlot } from "./charts.js";
 import { h, notice } from "./ui.js";
 
 const MIN_REFRESH_MS = 5000;
-
-async function uPlotLib() {
-  try {
-    return (await import("/vendor/uplot/dist/uPlot.esm.js")).default;
-  } catch {
-    return null; // the figures still show; the charts say what is missing
-  }
-}
 
 export function render(main) {
   const cards = h("div", { id: "cards", class: "cards" });
@@ -31,24 +24,8 @@ export function render(main) {
     return max === null || max === undefined ? `${n}` : `${n} of ${max}`;
   }
 
-  function chart(UPlot, id, title, series, rows) {
-    const data = [rows.map((p) => p.t), ...series.map((s) => rows.map((p) => p[s.key]))];
-    const width = Math.max(280, Math.min(charts.clientWidth || 600, 900));
-    let plot = plots.get(id);
-    if (plot) {
-      plot.setData(data);
-      if (plot.width !== width) plot.setSize({ width, height: 200 });
-      return;
-    }
-    const box = h("figure", { id, class: "chart" }, h("figcaption", {}, title));
-    charts.append(box);
-    plot = new UPlot({
-      width, height: 200,
-      series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2 }))],
-      axes: [{}, { size: 60 }],
-    }, data, box);
-    plots.set(id, plot);
-  }
+  const chart = (UPlot, id, title, series, rows) =>
+    lineChart(UPlot, charts, plots, id, title, series, rows);
 
   async function load() {
     let o;
@@ -75,11 +52,10 @@ export function render(main) {
              `creates; ${last ? last.forksPerMin : "—"} forks`));
     }
     cards.replaceChildren(...list);
-    const UPlot = await uPlotLib();
+    const UPlot = await uPlot();
     if (gone) return;
     if (!UPlot) {
-      charts.replaceChildren(h("p", { class: "muted" },
-        "No charts: their library is not installed on the node (make setup)."));
+      charts.replaceChildren(h("p", { class: "muted" }, NO_CHARTS));
     } else {
       chart(UPlot, "chart-team", "The team's sandboxes, last hour", [
         { key: "running", label: "running", color: "#2f6fdf" },

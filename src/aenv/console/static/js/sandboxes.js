@@ -57,10 +57,18 @@ export function render(main) {
       return;
     }
     next = page.next;
+    const running = page.data.filter((x) => x.state === "running").map((x) => x.sandboxID);
+    let live = {};
+    if (running.length) {
+      try {
+        const q = new URLSearchParams({ sandbox_ids: running.join(",") });
+        ({ data: { sandboxes: live } } = await call("GET", `/sandboxes/metrics?${q}`));
+      } catch { /* the figures wait for the next refresh */ }
+    }
     const focused = document.activeElement && document.activeElement.dataset.focusKey;
     body.replaceChildren(page.data.length ? table(
-      ["ID", "Template", "State", "Started", "Time left", "CPUs", "Memory", "Actions"],
-      page.data.map(row)) : h("p", { class: "muted" }, "No sandboxes."));
+      ["ID", "Template", "State", "Started", "Time left", "CPU", "Memory", "Actions"],
+      page.data.map((x) => row(x, live[x.sandboxID]))) : h("p", { class: "muted" }, "No sandboxes."));
     if (focused) body.querySelector(`[data-focus-key="${CSS.escape(focused)}"]`)?.focus();
     pager.replaceChildren(
       h("button", { type: "button", disabled: at === 0, onclick: () => { at -= 1; load(); } },
@@ -75,7 +83,8 @@ export function render(main) {
         && document.getElementById("notice").textContent.includes("unreachable")) notice("");
   }
 
-  function row(s) {
+  // `m`: its latest metrics sample, if it runs.
+  function row(s, m) {
     const name = s.alias || s.templateID;
     const tier = s.state === "paused" && s.pauseTier ? ` (${s.pauseTier})` : "";
     return h("tr", { "data-sandbox": s.sandboxID },
@@ -84,8 +93,10 @@ export function render(main) {
       h("td", { class: "state" }, s.state + tier),
       h("td", { title: s.startedAt }, ago(s.startedAt)),
       h("td", { title: s.endAt }, s.state === "running" ? left(s.endAt) : "—"),
-      h("td", {}, s.cpuCount),
-      h("td", {}, `${s.memoryMB} MiB`),
+      h("td", { class: "cpu" }, m ? `${m.cpuUsedPct.toFixed(0)}% of ${s.cpuCount}`
+        : `${s.cpuCount}`),
+      h("td", { class: "mem" }, m ? `${Math.round(m.memUsed / 2 ** 20)} of ${s.memoryMB} MiB`
+        : `${s.memoryMB} MiB`),
       h("td", { class: "actions" }, actions(s)));
   }
 
