@@ -6,7 +6,9 @@ tests/integration/console/ covers what needs no VM (CORS, layout, keyboard, a si
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -222,6 +224,16 @@ def test_files_upload_and_download_and_an_upload_over_the_disk(console: Console,
     assert sbx.commands.run("test -e /home/user/big.bin || echo gone").stdout == "gone\n"
 
 
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -236,22 +248,28 @@ def test_a_pasted_dockerfile_builds_with_its_log_shown(console: Console, page: P
     page.fill("#b-name", name)
     page.fill("#b-dockerfile", "FROM x\nCOPY app.py /app/\n")  # refused by name: no context
     page.click("#build-form >> text=Build")
-    expect(page.locator("#notice")).to_contain_text("The build was refused: the Dockerfile: "
-                                                    "COPY/ADD app.py /app/")  # fmt: skip
-    # A step of its own (a fresh marker): the log shows it run, not taken from the cache.
+    expect(page.locator("#notice")).to_contain_text(
+        "The build was refused: the Dockerfile: COPY/ADD app.py /app/: it needs the build "
+        "context's files")  # fmt: skip
+    # A step of its own (a fresh marker): the log shows it run, not taken from the cache; its
+    # COPY files from a context tar uploaded in the page.
     marker = os.urandom(4).hex()
-    page.fill("#b-dockerfile", f"FROM e2bdev/base\nRUN echo {marker} > /tmp/marker\n"
-                               "ENV FROM_CONSOLE=1\n")  # fmt: skip
+    page.fill("#b-dockerfile", f"FROM e2bdev/base\nCOPY app/ /opt/app/\n"
+                               f"RUN echo {marker} > /tmp/marker\nENV FROM_CONSOLE=1\n")
+    page.set_input_files("#b-context", files=[{
+        "name": "context.tar.gz", "mimeType": "application/gzip",
+        "buffer": _tar_gz({"app/hello.txt": f"hello {marker}\n".encode()})}])
     with removed_after():  # the template and its step-cache entries
         page.click("#build-form >> text=Build")
         expect(page.locator("#build-status")).to_contain_text(": ready", timeout=240_000)
         expect(page.locator("#build-log")).to_contain_text(f"echo {marker}")
         expect(page.locator(f'tr[data-template="{name}"]')).to_contain_text("ready")
+        expect(page.locator(f'tr[data-template="{name}"] td.tags')).to_have_text("default")
         screenshot(page, "templates")
         made = Sandbox.create(name, timeout=120)
         try:
-            out = made.commands.run("cat /tmp/marker; echo $FROM_CONSOLE").stdout
-            assert out == f"{marker}\n1\n"
+            out = made.commands.run("cat /tmp/marker /opt/app/hello.txt; echo $FROM_CONSOLE")
+            assert out.stdout == f"{marker}\nhello {marker}\n1\n"
         finally:
             made.kill()
         with console.admin() as api:
@@ -283,6 +301,14 @@ def test_fork_snapshot_and_timeout_from_the_list_then_snapshots_and_volumes(
         assert len(children) == 2
         for c in children:
             assert Sandbox.connect(c).commands.run("echo ok", timeout=120).stdout == "ok\n"
+        # The lineage: the parent lists its forks, each links back to it.
+        page.click(f'a[href="#/sandbox/{sbx.sandbox_id}"]')
+        for c in children:
+            expect(page.locator("#details dt:text-is('Forks') + dd")).to_contain_text(c)
+        page.click(f'#details a[href="#/sandbox/{children[0]}"]')
+        expect(page.locator("#details dt:text-is('Forked from') + dd")).to_have_text(
+            sbx.sandbox_id)  # fmt: skip
+        page.click("#nav >> text=Sandboxes")
 
         page.click("#nav >> text=Snapshots and volumes")
         page.click(f'button[aria-label="New sandbox {snapshot_id}"]')

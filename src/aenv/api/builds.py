@@ -29,7 +29,7 @@ TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LEVELS = ("debug", "info", "warn", "error")
 
 
-def _builds(request: Request) -> Builds:
+def node_builds(request: Request) -> Builds:
     builds = getattr(request.app.state, "builds", None)
     if builds is None:
         raise ApiError(400, "this node builds no templates (its runtime has no VMs)")
@@ -66,7 +66,7 @@ def split_name(text: str) -> tuple[str, str | None]:
 
 @router.post("/v3/templates", operation_id="requestTemplateBuild", status_code=202)
 async def request_build(request: Request, body: BuildRequest) -> BuildRequested:
-    builds = _builds(request)
+    builds = node_builds(request)
     name, tag = split_name(body.name)
     tags = [t for t in [tag, *body.tags] if t]
     for t in tags:
@@ -89,7 +89,7 @@ class FileUpload(BaseModel):
 @router.get("/templates/{template_id}/files/{files_hash}", operation_id="getTemplateFiles",
             status_code=201, response_model_exclude_none=True)  # fmt: skip
 async def build_files(request: Request, template_id: str, files_hash: str) -> FileUpload:
-    builds = _builds(request)
+    builds = node_builds(request)
     split_name(template_id)
     try:
         if builds.contexts.present(files_hash):
@@ -106,7 +106,7 @@ async def build_files(request: Request, template_id: str, files_hash: str) -> Fi
              status_code=202)  # fmt: skip
 async def start_build(request: Request, template_id: str, build_id: str,
                       spec: BuildSpec) -> Response:
-    builds = _builds(request)
+    builds = node_builds(request)
     try:
         b = builds.get(names.scoped(template_id, team_of(request)), build_id)
         if spec.fromTemplate:  # the team's own, else a public one
@@ -125,7 +125,7 @@ async def start_build(request: Request, template_id: str, build_id: str,
                status_code=204)  # fmt: skip
 async def cancel_build(request: Request, template_id: str, build_id: str) -> Response:
     """aenv's own (E2B has none): stop a running build; nothing of it is kept."""
-    builds = _builds(request)
+    builds = node_builds(request)
     try:
         await builds.cancel(builds.get(names.scoped(template_id, team_of(request)), build_id))
     except BuildNotFound as e:
@@ -154,7 +154,7 @@ def _status(b: Build, offset: int, limit: int, level: str | None) -> dict[str, o
 async def build_status(request: Request, template_id: str, build_id: str,
                        logsOffset: int = Query(0, ge=0), limit: int = Query(100, ge=0, le=100),
                        level: str | None = None) -> dict[str, object]:
-    builds = _builds(request)
+    builds = node_builds(request)
     try:
         b = builds.get(names.scoped(template_id, team_of(request)), build_id)
     except BuildNotFound as e:
@@ -174,7 +174,7 @@ class DeleteTags(BaseModel):
 
 @router.post("/templates/tags", operation_id="assignTemplateTags", status_code=201)
 async def assign_tags(request: Request, body: AssignTags) -> dict[str, object]:
-    builds = _builds(request)
+    builds = node_builds(request)
     name, tag = split_name(body.target)
     for t in body.tags:
         if not TAG_RE.fullmatch(t):
@@ -190,7 +190,7 @@ async def assign_tags(request: Request, body: AssignTags) -> dict[str, object]:
 
 @router.delete("/templates/tags", operation_id="deleteTemplateTags", status_code=204)
 async def delete_tags(request: Request, body: DeleteTags) -> Response:
-    builds = _builds(request)
+    builds = node_builds(request)
     name, _ = split_name(body.name)
     try:
         builds.untag(names.scoped(name, team_of(request)), body.tags)
@@ -201,7 +201,7 @@ async def delete_tags(request: Request, body: DeleteTags) -> Response:
 
 @router.get("/templates/{template_id}/tags", operation_id="getTemplateTags")
 async def get_tags(request: Request, template_id: str) -> list[dict[str, str]]:
-    builds = _builds(request)
+    builds = node_builds(request)
     name, _ = split_name(template_id)
     try:
         t = builds.template(templates.find(request, name).template_id)

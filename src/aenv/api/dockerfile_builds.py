@@ -1,15 +1,14 @@
-"""`POST /v3/templates/dockerfile`, aenv's own: a build from a Dockerfile's text, for clients
-with no SDK (the web console). The E2B SDK the node already has parses it, exactly as
-`Template.from_dockerfile` does for `aenv template build -f`, and the build then goes as any
-E2B build (docs/api.md, "Template builds"). COPY and ADD need files, which this route does not
-take: they are refused by name."""
+"""`POST /v3/templates/dockerfile`, aenv's own: a build from a Dockerfile's text and, for its
+COPY steps, the build context as one tar (base64), for clients with no SDK (the web console).
+The node's SDK parses it as `Template.from_dockerfile` does for `aenv template build -f`
+(images/dockerfile.py), the COPY files are stored as the SDK's uploads would be, and the
+build then goes as any E2B build (docs/api.md, "Template builds")."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import tempfile
-from pathlib import Path
+import base64
+import binascii
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -17,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key
-from aenv.api.builds import BuildRequest, BuildRequested, request_build, start_build
+from aenv.api.builds import BuildRequest, BuildRequested, node_builds, request_build, start_build
 from aenv.api.models import Error
+from aenv.images import dockerfile
+from aenv.images.context import ContextStore
 from aenv.images.steps import BuildSpec
 
 router = APIRouter(
@@ -32,36 +33,35 @@ class DockerfileBuild(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: StrictStr = Field(max_length=128)  # name[:tag]
     dockerfile: StrictStr = Field(min_length=1, max_length=MAX_DOCKERFILE)
+    # The COPY sources: a tar (or tar.gz), base64; the request's 1 MiB bounds it.
+    context: StrictStr | None = None
     cpuCount: int | None = Field(None, ge=1, le=64)
     memoryMB: int | None = Field(None, ge=128, le=262144)
 
 
-def parse(text: str) -> dict[str, Any]:
-    """The build the SDK makes of a Dockerfile's text; ApiError 400 says what is wrong."""
-    from e2b import Template
-    from e2b.template.main import TemplateBase
-
-    with tempfile.TemporaryDirectory(prefix="aenv-dockerfile-") as ctx:
-        # The SDK takes a path or a text: a file, so that a text is never taken for a path.
-        path = Path(ctx) / "Dockerfile"
-        path.write_text(text)
-        try:
-            template = Template(file_context_path=ctx).from_dockerfile(str(path))
-            for step in template._template._instructions:
-                if step["type"].value == "COPY":
-                    raise ValueError(f"COPY/ADD {' '.join(step['args'][:2])}: a Dockerfile "
-                                     "given as text has no build context for its files")
-            spec: dict[str, Any] = json.loads(TemplateBase.to_json(template))
-        except (ValueError, KeyError, IndexError, OSError) as e:
-            raise ApiError(400, f"the Dockerfile: {e}") from None
-    return spec
+def prepare(text: str, context: bytes | None, contexts: ContextStore | None) -> dict[str, Any]:
+    """The build's spec, its files stored; ApiError 400 says what is wrong."""
+    try:
+        with dockerfile.parsed(text, context) as template:
+            out = dockerfile.spec(template)
+            if contexts is not None:
+                dockerfile.store_files(template, contexts)
+    except dockerfile.DockerfileError as e:
+        raise ApiError(400, str(e)) from None
+    return out
 
 
 @router.post("/v3/templates/dockerfile", operation_id="buildFromDockerfile", status_code=202)
 async def build_from_dockerfile(request: Request, body: DockerfileBuild) -> BuildRequested:
-    """Parse the Dockerfile, request the build and start it; follow it with
+    """Parse the Dockerfile, store its files, request the build and start it; follow it with
     getTemplateBuildStatus."""
-    spec = BuildSpec.model_validate(await asyncio.to_thread(parse, body.dockerfile))
+    try:
+        context = base64.b64decode(body.context, validate=True) if body.context else None
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "context: not base64") from None
+    builds = node_builds(request)
+    spec = BuildSpec.model_validate(
+        await asyncio.to_thread(prepare, body.dockerfile, context, builds.contexts))
     if spec.fromImage and request.app.state.images is not None:
         request.app.state.images.check(spec.fromImage)  # 403 before a build is requested
     requested = await request_build(request, BuildRequest(

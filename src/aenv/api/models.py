@@ -204,6 +204,10 @@ class SandboxDetail(ListedSandbox):
     network: NetworkInfo | None = None
     lifecycle: Lifecycle
     pauseMode: Literal["full", "filesystem"] | None = None
+    # aenv: its lineage on this node: the sandbox (or snapshot) it was forked from, and the
+    # live sandboxes forked from it.
+    forkedFrom: str | None = None
+    forks: list[str] | None = None
 
 
 class SnapshotInfo(BaseModel):

@@ -152,6 +152,11 @@ def _detail(request: Request, rec: SandboxRecord, host_memory: HostMemory | None
         fields["envdAccessToken"] = rec.access_token
     if host_memory is not None:
         fields["hostMemory"] = host_memory
+    if rec.forked_from is not None:
+        fields["forkedFrom"] = rec.forked_from
+    forks = _orch(request).store.forks_of(rec.sandbox_id)
+    if forks:
+        fields["forks"] = forks
     return SandboxDetail(**fields)
 
 

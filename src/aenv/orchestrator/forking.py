@@ -347,7 +347,8 @@ class Forking:
             self._admit_space(n * mib, f"create {n} sandboxes")
             req = CreateRequest(template=snap.snapshot_id, timeout_s=timeout_s, team_id=team_id)
             egress = self.egress_for(None)
-            kids = [self._new_record(req, info, info.shape, egress) for _ in range(n)]
+            kids = [dataclasses.replace(self._new_record(req, info, info.shape, egress),
+                                        forked_from=snap.snapshot_id) for _ in range(n)]
             t0 = time.perf_counter()
             out: list[SandboxRecord | BaseException] = await self._children_from(
                 snap.snapshot_id, kids)
@@ -411,7 +412,7 @@ class Forking:
             if src.ingress.traffic_token is not None else src.ingress,
             default_user=src.default_user, default_workdir=src.default_workdir,
             volume_mounts=list(src.volume_mounts),  # the same volumes, live (not copies)
-            team_id=src.team_id,
+            team_id=src.team_id, forked_from=src.sandbox_id,
         )  # fmt: skip
 
     def _fork_child_started(

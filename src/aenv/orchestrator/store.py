@@ -95,6 +95,7 @@ _ADDED_COLUMNS = {
     "ingress": "TEXT",  # routes.Ingress as JSON; NULL: public ports, no mask, no HTTPS
     "volume_mounts": "TEXT",  # [{"name", "path", "id"}] as JSON; NULL: none
     "team_id": "TEXT",  # its owner (teams/); NULL: the default team (made before teams)
+    "forked_from": "TEXT",  # a fork child's parent sandbox, or the snapshot it came from
 }
 _COLUMNS = (
     "sandbox_id", "template_id", "alias", "state", "metadata", "env_vars", "access_token",
@@ -147,6 +148,7 @@ class SandboxRecord:
     # (volume name, mount path, volume id), mounted at every start (create, resume, fork).
     volume_mounts: list[tuple[str, str, str]] = field(default_factory=list)
     team_id: str = DEFAULT_TEAM
+    forked_from: str | None = None  # its lineage (the console shows it)
 
     def _row(self, sealer: Sealer) -> tuple[Any, ...]:
         d = self.__dict__ | {
@@ -458,6 +460,12 @@ class Store:
             "SELECT sandbox_id FROM sandboxes WHERE state = ? AND end_at_us <= ?",
             (str(state), now_us),
         ).fetchall()
+        return [r[0] for r in rows]
+
+    def forks_of(self, parent: str) -> list[str]:
+        """The live sandboxes forked from `parent` (a sandbox or a snapshot)."""
+        rows = self.db.execute("SELECT sandbox_id FROM sandboxes WHERE forked_from = ? "
+                               "ORDER BY started_at_us", (parent,)).fetchall()  # fmt: skip
         return [r[0] for r in rows]
 
     def briefly(self) -> list[tuple[str, str, SandboxState, int]]:

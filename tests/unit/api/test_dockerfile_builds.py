@@ -1,16 +1,36 @@
-"""A Dockerfile's text made into an E2B build by the SDK's own parser (api/dockerfile_builds.py)."""
+"""A Dockerfile's text and its context made into an E2B build by the SDK's own parser, its
+COPY files stored as the SDK's uploads would be (images/dockerfile.py, api/dockerfile_builds.py)."""
 
 from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
 
 import pytest
 
 from aenv.api.apierror import ApiError
-from aenv.api.dockerfile_builds import parse
+from aenv.api.dockerfile_builds import prepare
+from aenv.images.context import ContextStore
 from aenv.images.steps import BuildSpec
 
 
+def _tar(files: dict[str, bytes], evil: str | None = None, link: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in {**files, **({evil: b"x"} if evil else {})}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo("app.py")
+            info.type, info.linkname = tarfile.SYMTYPE, link
+            tar.addfile(info)
+    return buf.getvalue()
+
+
 def test_the_sdks_steps_of_a_dockerfile() -> None:
-    spec = parse("FROM e2bdev/base\nRUN echo hi > /tmp/x\nENV A=1\nWORKDIR /srv\n")
+    spec = prepare("FROM e2bdev/base\nRUN echo hi > /tmp/x\nENV A=1\nWORKDIR /srv\n", None, None)
     assert spec["fromImage"] == "e2bdev/base"
     steps = [(s["type"], s["args"]) for s in spec["steps"]]
     assert ("RUN", ["echo hi > /tmp/x"]) in steps and ("ENV", ["A", "1"]) in steps
@@ -18,14 +38,32 @@ def test_the_sdks_steps_of_a_dockerfile() -> None:
     BuildSpec.model_validate(spec).check()  # what the build API takes
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("RUN echo\n", "must contain a FROM instruction"),
-    ("FROM x\nCOPY app.py /app/\n", "COPY/ADD app.py /app/: a Dockerfile given as text has no "
-                                    "build context"),
-    ("FROM x\nADD a.tar /a\n", "COPY/ADD a.tar /a"),
-    ("/etc/passwd", "unknown instruction: /etc/passwd"),  # a text, never read as a path
+def test_copy_files_are_stored_under_the_sdks_hash(tmp_path: Path) -> None:
+    contexts = ContextStore(tmp_path / "contexts", 1 << 20)
+    text = "FROM e2bdev/base\nCOPY app/ /opt/app/\nRUN cat /opt/app/main.py\n"
+    context = _tar({"app/main.py": b"print('hi')\n", "other.txt": b"not copied"})
+    spec = prepare(text, context, contexts)
+    [copy] = [s for s in spec["steps"] if s["type"] == "COPY"]
+    assert contexts.present(copy["filesHash"])
+    with tarfile.open(contexts.path(copy["filesHash"])) as tar:
+        assert tar.getnames() == ["app", "app/main.py"]  # the step's, as the SDK packs them
+        assert tar.extractfile("app/main.py").read() == b"print('hi')\n"  # type: ignore[union-attr]
+    # The same files again: the same hash, nothing stored twice.
+    assert prepare(text, context, contexts) == spec
+
+
+@pytest.mark.parametrize(("text", "context", "says"), [
+    ("RUN echo\n", None, "must contain a FROM instruction"),
+    ("FROM x\nCOPY app.py /app/\n", None, "COPY/ADD app.py /app/: it needs the build context"),
+    ("FROM x\nADD a.tar /a\n", None, "COPY/ADD a.tar /a"),
+    ("/etc/passwd", None, "unknown instruction: /etc/passwd"),  # a text, never read as a path
+    ("FROM x\nCOPY missing.py /app/\n", _tar({"app.py": b""}), "missing.py"),
+    ("FROM x\nRUN true\n", _tar({}, evil="../escape"), "leaves the build context"),
+    ("FROM x\nRUN true\n", b"not a tar", "the build context"),
+    ("FROM x\nRUN true\n", _tar({}, link="/etc/passwd"), "only files and directories"),
 ])  # fmt: skip
-def test_what_cannot_be_built_is_a_400_that_says_why(text: str, says: str) -> None:
+def test_what_cannot_be_built_is_a_400(text: str, context: bytes | None, says: str,
+                                       tmp_path: Path) -> None:  # fmt: skip
     with pytest.raises(ApiError) as e:
-        parse(text)
-    assert e.value.status == 400 and says in str(e.value)
+        prepare(text, context, ContextStore(tmp_path, 1 << 20))
+    assert e.value.status == 400 and says in str(e.value), str(e.value)

@@ -66,12 +66,22 @@ export function render(main, id) {
         net.allowPublicTraffic === false ? "ports need the traffic token" : "",
       ].filter(Boolean).join("; ")),
       ...item("Volumes", (s.volumeMounts || []).map((v) => `${v.name} at ${v.path}`)
-        .join(", ") || "—"));
+        .join(", ") || "—"),
+      ...item("Forked from", s.forkedFrom ? lineage(s.forkedFrom) : "—"),
+      ...item("Forks", s.forks ? s.forks.flatMap((f, i) => [i ? ", " : "", lineage(f)])
+        : "—"));
     if (s.state !== "running") {
       open.disabled = true;
       return;
     }
     files.replaceChildren(fileBrowser(new Agent(id, s.envdAccessToken)));
+  }
+
+  // A sandbox of the lineage, as a link to its page (a snapshot, as its id).
+  function lineage(ref) {
+    return /^[a-z0-9]{20}$/.test(ref)
+      ? h("a", { href: `#/sandbox/${ref}`, class: "id" }, ref)
+      : h("span", { class: "id" }, `snapshot ${ref}`);
   }
 
   async function metrics() {

@@ -11,6 +11,11 @@ export function render(main) {
   const name = h("input", { id: "b-name", required: true, size: 20, placeholder: "name[:tag]" });
   const text = h("textarea", { id: "b-dockerfile", rows: 8, cols: 60, required: true,
                                spellcheck: "false", placeholder: "FROM e2bdev/base\nRUN ..." });
+  const dockerfileFile = h("input", { id: "b-file", type: "file", "aria-label": "Dockerfile file",
+    onchange: async () => {
+      if (dockerfileFile.files[0]) text.value = await dockerfileFile.files[0].text();
+    } });
+  const context = h("input", { id: "b-context", type: "file", accept: ".tar,.tar.gz,.tgz" });
   const status = h("p", { id: "build-status", role: "status" });
   const log = h("pre", { id: "build-log", class: "log", tabindex: "0" });
   let stopped = false;
@@ -18,9 +23,14 @@ export function render(main) {
   async function load() {
     try {
       const { data } = await call("GET", "/templates");
-      list.replaceChildren(table(["Name", "Status", "Source", "Size", "Shape"], data.map((t) =>
-        h("tr", { "data-template": t.templateID },
+      // Each one's tags (a template made by a build has them; others answer none).
+      const tags = await Promise.all(data.map((t) => call("GET",
+        `/templates/${encodeURIComponent(t.templateID)}/tags`)
+        .then((r) => r.data.map((x) => x.tag).join(", "), () => "")));
+      list.replaceChildren(table(["Name", "Tags", "Status", "Source", "Size", "Shape"],
+        data.map((t, i) => h("tr", { "data-template": t.templateID },
           h("td", {}, [t.templateID, ...t.aliases.filter((a) => a !== t.templateID)].join(", ")),
+          h("td", { class: "tags" }, tags[i] || "—"),
           h("td", {}, t.buildStatus), h("td", { class: "wrap" }, t.source || "—"),
           h("td", {}, t.sizeBytes ? `${(t.sizeBytes / 2 ** 20).toFixed(0)} MiB` : "—"),
           h("td", {}, `${t.cpuCount} CPU, ${t.memoryMB} MiB`)))));
@@ -60,8 +70,10 @@ export function render(main) {
       log.textContent = "";
       status.textContent = "Starting the build…";
       try {
-        const { data } = await call("POST", "/v3/templates/dockerfile",
-          { name: name.value.trim(), dockerfile: text.value });
+        const files = context.files[0];
+        const { data } = await call("POST", "/v3/templates/dockerfile", {
+          name: name.value.trim(), dockerfile: text.value,
+          context: files ? base64(new Uint8Array(await files.arrayBuffer())) : null });
         follow(data.templateID, data.buildID);
       } catch (e) {
         status.textContent = "";
@@ -69,11 +81,22 @@ export function render(main) {
       }
     },
   }, h("div", { class: "row" }, h("label", { for: "b-name" }, "Name", name)),
-  h("label", { for: "b-dockerfile" }, "Dockerfile (no COPY or ADD: no context is sent)", text),
-  h("div", { class: "row" }, h("button", { type: "submit" }, "Build")));
+  h("label", { for: "b-dockerfile" }, "Dockerfile (pasted, or from a file)", text),
+  h("div", { class: "row" }, dockerfileFile,
+    h("label", { for: "b-context" }, "Its COPY files: a .tar or .tar.gz (under 700 KiB)",
+      context),
+    h("button", { type: "submit" }, "Build")));
 
   main.append(h("h1", {}, "Templates"), list, h("h2", {}, "Build from a Dockerfile"), form,
               status, log);
   load();
   return () => { stopped = true; };
+}
+
+function base64(bytes) {
+  let out = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    out += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(out);
 }
