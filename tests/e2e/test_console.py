@@ -311,6 +311,9 @@ def test_fork_snapshot_and_timeout_from_the_list_then_snapshots_and_volumes(
         page.click("#nav >> text=Sandboxes")
 
         page.click("#nav >> text=Snapshots and volumes")
+        taken = page.locator(f'tr[data-snapshot="{snapshot_id}"]')
+        expect(taken).to_contain_text(sbx.sandbox_id)  # of which sandbox
+        expect(taken.locator("td.size")).to_contain_text("iB")  # its files' bytes, not 0 B
         page.click(f'button[aria-label="New sandbox {snapshot_id}"]')
         page.click("#confirm-ok")
         expect(notice).to_contain_text(f"from {snapshot_id}.", timeout=120_000)

@@ -215,6 +215,16 @@ class SnapshotInfo(BaseModel):
     names: list[str]
 
 
+class ListedSnapshot(SnapshotInfo):
+    """aenv adds, in listings: when it was taken, of which sandbox and template, and the data
+    bytes of its files (blocks it shares with its template or other snapshots included)."""
+
+    createdAt: str | None = None
+    sandboxID: str | None = None
+    templateID: str | None = None
+    sizeBytes: int = 0
+
+
 class SandboxForkResult(BaseModel):
     """Exactly one of the two."""
 

@@ -6,6 +6,7 @@ snapshot carrying it). `DELETE /templates/{id}` is how E2B's SDK deletes a snaps
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
@@ -16,6 +17,7 @@ from aenv.api.apierror import ApiError
 from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import (
     Error,
+    ListedSnapshot,
     SandboxForkRequest,
     SandboxForkResult,
     SandboxSnapshotRequest,
@@ -75,7 +77,7 @@ async def list_snapshots(
     name: Annotated[str | None, Query(description="a snapshot name or id")] = None,
     limit: Annotated[int | None, Query(ge=1, le=snaps.MAX_PAGE)] = None,
     nextToken: Annotated[str | None, Query()] = None,
-) -> list[SnapshotInfo]:
+) -> list[ListedSnapshot]:
     """Newest first; `x-next-token` is set only when another page exists."""
     items, nxt = _orch(request).list_snapshots(
         sandbox_id=sandboxID or None, name=name or None, limit=limit or snaps.MAX_PAGE,
@@ -85,7 +87,12 @@ async def list_snapshots(
         response.headers["x-next-token"] = query.encode_cursor(nxt)
     query.cluster_cursors(request, response,
                           [(snaps.created_us(s), s.snapshot_id) for s in items])  # fmt: skip
-    return [SnapshotInfo(snapshotID=s.snapshot_id, names=list(s.names)) for s in items]
+    runtime = _orch(request).runtime
+    sizes = await asyncio.to_thread(lambda: [runtime.snapshot_bytes(s.snapshot_id)
+                                             for s in items])  # fmt: skip
+    return [ListedSnapshot(snapshotID=s.snapshot_id, names=list(s.names), createdAt=s.created_at,
+                           sandboxID=s.parent, templateID=s.template, sizeBytes=size)
+            for s, size in zip(items, sizes, strict=True)]  # fmt: skip
 
 
 @router.delete("/templates/{template_id:path}", operation_id="deleteSnapshot",

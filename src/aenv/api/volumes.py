@@ -24,6 +24,7 @@ from aenv.api.auth import require_api_key, team_of
 from aenv.api.models import Error
 from aenv.orchestrator import mounts
 from aenv.orchestrator.service import Orchestrator
+from aenv.storage.extents import tree_usage
 from aenv.volumes import tree as vtree
 from aenv.volumes.store import VolumeError, VolumeInfo, Volumes, token_for, token_ok
 
@@ -55,6 +56,7 @@ class VolumeAndToken(BaseModel):
 class ListedVolume(BaseModel):
     volumeID: str
     name: str
+    sizeBytes: int = 0  # aenv: the data bytes of its files
 
 
 class Metadata(BaseModel):
@@ -101,8 +103,12 @@ async def create_volume(request: Request, body: NewVolume) -> VolumeAndToken:
 
 @router.get("/volumes", operation_id="listVolumes")
 async def list_volumes(request: Request) -> list[ListedVolume]:
-    return [ListedVolume(volumeID=v.volume_id, name=v.name)
-            for v in await _call(_volumes(request).list, team_of(request))]  # fmt: skip
+    vols = _volumes(request)
+    listed = await _call(vols.list, team_of(request))
+    sizes = await asyncio.to_thread(lambda: [tree_usage(vols.root / v.volume_id).total
+                                             for v in listed])  # fmt: skip
+    return [ListedVolume(volumeID=v.volume_id, name=v.name, sizeBytes=size)
+            for v, size in zip(listed, sizes, strict=True)]  # fmt: skip
 
 
 @router.get("/volumes/{volume_id}", operation_id="getVolume", response_model_exclude_none=True)

@@ -227,6 +227,10 @@ class Runtime(Protocol):
     def list_snapshots(self) -> list[SnapshotInfo]:
         """Every user snapshot (not templates' own, not a fork's transient one)."""
 
+    def snapshot_bytes(self, snapshot_id: str) -> int:
+        """The data bytes of a snapshot's files (blocks shared with others included); 0 if
+        it has none here. Walks its files: for listings, off the event loop."""
+
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Remove a snapshot at once (it leaves listings; VMs restored from it keep their
         reflinked files). Raise TemplateNotFound if there is none."""

@@ -406,6 +406,9 @@ class Cloning:
             return False
         return True
 
+    def snapshot_bytes(self, snapshot_id: str) -> int:
+        return tree_usage(self.snapshots.path(snapshot_id)).total
+
     def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
         """A sandbox's snapshot (not a template's own, nor a fork's transient one)."""
         try:

@@ -210,6 +210,9 @@ class FakeRuntime:
     def list_snapshots(self) -> list[SnapshotInfo]:
         return list(self.snapshots.values())
 
+    def snapshot_bytes(self, snapshot_id: str) -> int:
+        return 0
+
     def delete_snapshot(self, snapshot_id: str) -> None:
         if self.snapshots.pop(snapshot_id, None) is None:
             raise TemplateNotFound(f"snapshot {snapshot_id!r} not found")

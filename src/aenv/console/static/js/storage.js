@@ -1,7 +1,7 @@
 // Snapshots and volumes: the team's snapshots (a sandbox made from one, delete) and volumes
 // (new, delete; the API refuses one a sandbox mounts, and says so).
 import { call } from "./api.js";
-import { actionButton, h, notice, table } from "./ui.js";
+import { actionButton, ago, bytes, h, notice, table } from "./ui.js";
 
 export function render(main) {
   const snapshots = h("div", { id: "snapshots" });
@@ -16,9 +16,14 @@ export function render(main) {
       if (e.status !== 401) notice(e.message, true);
       return;
     }
-    snapshots.replaceChildren(snaps.data.length ? table(["Snapshot", "Names", ""],
+    snapshots.replaceChildren(snaps.data.length ? table(
+      ["Snapshot", "Names", "Of", "Taken", "Size", ""],
       snaps.data.map((s) => h("tr", { "data-snapshot": s.snapshotID },
         h("td", { class: "id" }, s.snapshotID), h("td", {}, s.names.join(", ") || "—"),
+        h("td", {}, s.sandboxID ? h("a", { href: `#/sandbox/${s.sandboxID}`, class: "id" },
+          s.sandboxID) : "—", s.templateID ? ` (${s.templateID})` : ""),
+        h("td", { title: s.createdAt || "" }, s.createdAt ? `${ago(s.createdAt)} ago` : "—"),
+        h("td", { class: "size" }, bytes(s.sizeBytes || 0)),
         h("td", { class: "actions" },
           button(`New sandbox from ${s.snapshotID}?`, "New sandbox", s.snapshotID, async () => {
             const { data } = await call("POST",
@@ -32,9 +37,10 @@ export function render(main) {
               return `Deleted ${s.snapshotID}.`;
             })))))
       : h("p", { class: "muted" }, "No snapshots."));
-    volumes.replaceChildren(vols.data.length ? table(["Volume", "ID", ""],
+    volumes.replaceChildren(vols.data.length ? table(["Volume", "ID", "Size", ""],
       vols.data.map((v) => h("tr", { "data-volume": v.name },
         h("td", {}, v.name), h("td", { class: "id" }, v.volumeID),
+        h("td", { class: "size" }, bytes(v.sizeBytes || 0)),
         h("td", {}, button(`Delete volume ${v.name}? Its files are lost.`, "Delete", v.name,
           async () => {
             await call("DELETE", `/volumes/${encodeURIComponent(v.volumeID)}`);
