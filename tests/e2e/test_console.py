@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -91,6 +92,23 @@ def test_a_wrong_key_and_a_key_revoked_mid_session(console: Console, page: Page)
         expect(page.locator("#login-message")).to_have_text(
             "Your key was refused (Invalid API key): log in again.")
         assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_a_node_that_stops_answering_shows_as_unreachable(console: Console, page: Page,
+                                                          sbx: Sandbox) -> None:  # fmt: skip
+    proc = console.node.proc
+    assert proc is not None
+    log_in(page, console.origin, API_KEY)
+    page.wait_for_selector(row(page, sbx.sandbox_id))
+    os.kill(proc.pid, signal.SIGSTOP)  # the node holds its sockets and answers nothing
+    try:
+        expect(page.locator("#notice")).to_contain_text("unreachable", timeout=40_000)
+        expect(page.locator("#stamp")).to_contain_text("Unreachable")
+        expect(page.locator(row(page, sbx.sandbox_id))).to_be_visible()  # as last seen
+        screenshot(page, "unreachable")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    expect(page.locator("#notice")).to_be_empty(timeout=30_000)  # back once it answers
 
 
 def test_pause_and_resume_from_the_page_and_the_sdk_sees_them(console: Console, page: Page,
