@@ -15,7 +15,7 @@ from aenv.api.models import Error
 from aenv.orchestrator.history import History, Holdings, Sample
 
 router = APIRouter(dependencies=[Depends(require_api_key)],
-                   responses={401: {"model": Error}})  # fmt: skip
+                   responses={s: {"model": Error} for s in (400, 401)})  # fmt: skip
 MIB = 1 << 20
 
 

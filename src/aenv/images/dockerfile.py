@@ -41,8 +41,8 @@ def parsed(text: str, context: bytes | None) -> Iterator[Any]:
         path.write_text(text)
         try:
             template = Template(file_context_path=str(root)).from_dockerfile(str(path))
-        except (ValueError, KeyError, IndexError, OSError) as e:
-            raise DockerfileError(f"the Dockerfile: {e}") from None
+        except Exception as e:  # whatever the SDK's parser fails on is the text's
+            raise DockerfileError(f"the Dockerfile: {e or type(e).__name__}") from None
         if context is None and _copies(template):
             step = _copies(template)[0]
             raise DockerfileError(f"the Dockerfile: COPY/ADD {' '.join(step['args'][:2])}: "
@@ -56,8 +56,8 @@ def spec(template: Any) -> dict[str, Any]:
 
     try:
         out: dict[str, Any] = json.loads(TemplateBase.to_json(template))
-    except (ValueError, OSError) as e:
-        raise DockerfileError(f"the Dockerfile: {e}") from None
+    except Exception as e:  # its COPY sources, as the SDK hashes them
+        raise DockerfileError(f"the Dockerfile: {e or type(e).__name__}") from None
     return out
 
 
