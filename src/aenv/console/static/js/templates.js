@@ -68,6 +68,7 @@ export function render(main) {
     onsubmit: async (ev) => {
       ev.preventDefault();
       log.textContent = "";
+      notice("");
       status.textContent = "Starting the build…";
       try {
         const files = context.files[0];
