@@ -14,6 +14,9 @@ pkgs=(qemu-system-x86 qemu-utils debootstrap nftables xfsprogs e2fsprogs protobu
       cpio iproute2 util-linux tmux nodejs wrk stress-ng
       skopeo umoci docker-registry etcd-server haproxy dnsmasq-base dante-server stunnel4
       nfs-ganesha nfs-ganesha-vfs rpcbind systemd tcpdump chromium)
+# npm installs the console's libraries (make setup): Debian's nodejs comes without it, a
+# nodejs from elsewhere (NodeSource) carries its own.
+command -v npm >/dev/null || pkgs+=(npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
