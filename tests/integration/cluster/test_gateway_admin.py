@@ -52,6 +52,9 @@ async def test_nodes_are_listed_drained_and_undrained_for_admin_keys(
         r = await api.post("/admin/nodes/n0/drain", content=b'{"pause": "yes"}')
         assert r.status_code == 400
         assert (await api.get("/admin/nodes", headers={"X-API-Key": "nope"})).status_code == 401
+        for method, path in (("GET", "/admin/nodes/n0/drain"), ("DELETE", "/admin/nodes")):
+            r = await api.request(method, path)
+            assert r.status_code == 405 and r.json()["code"] == 405, (method, path)
 
         team = (await api.post("/admin/teams", json={"name": "not-admins"})).json()
         key = (await api.post("/admin/keys", json={"team": team["teamID"]})).json()["key"]

@@ -7,6 +7,7 @@ import io
 import tarfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from aenv.api.apierror import ApiError
@@ -67,3 +68,27 @@ def test_what_cannot_be_built_is_a_400(text: str, context: bytes | None, says: s
     with pytest.raises(ApiError) as e:
         prepare(text, context, ContextStore(tmp_path, 1 << 20))
     assert e.value.status == 400 and says in str(e.value), str(e.value)
+
+
+async def test_the_route_refuses_bad_input_in_one_line(client: httpx.AsyncClient) -> None:
+    async def post(**body: object) -> httpx.Response:
+        return await client.post("/v3/templates/dockerfile",
+                                 json={"name": "t", "dockerfile": "FROM x\n", **body})  # fmt: skip
+
+    r = await post(context="not base64!")
+    assert r.status_code == 400 and r.json() == {"code": 400, "message": "context: not base64"}
+    for bad in ({"dockerfile": ""}, {"extra": 1}, {"cpuCount": 0}, {"dockerfile": 5}):
+        r = await post(**bad)
+        assert r.status_code == 400 and r.json()["code"] == 400, bad
+    # A node with no VMs builds nothing: it says so (the real runtime's are e2e cases).
+    r = await post()
+    assert r.status_code == 400 and "builds no templates" in r.json()["message"]
+
+
+async def test_the_overview_window_is_bounded(client: httpx.AsyncClient) -> None:
+    for window in (0, 59, 3601, "x"):
+        r = await client.get("/overview", params={"window": window})
+        assert r.status_code == 400 and "window" in r.json()["message"], window
+    r = await client.get("/overview", params={"window": 60})
+    assert r.status_code == 200 and r.json()["team"]["teamID"] == "default"
+    assert r.json()["node"] is not None  # the node's own key is an admin's
