@@ -13,7 +13,8 @@ race test caught that.)
 - A record in a state that holds capacity (running, starting) binds with `holds`; a paused
   one stays bound without holding. A record that is gone has its binding deleted.
 - A binding a gateway placed on this node (`pending`) and that the node has no record of is
-  a create on its way: it is kept, holding, for `pending_grace_s`, then dropped.
+  a create on its way: it is kept, holding, for `pending_grace_s`, then dropped. Unless the
+  sandbox already ended here (`ended`): created and killed between two rounds, it is gone.
 - A binding of one of its sandboxes that names another node is left alone. If the sandbox
   is paused here, another node took it over while this one was cut off (fenced): its copy
   here is freed (`free`). If it runs here, that is a fault to look at, and it is logged.
@@ -72,9 +73,13 @@ class NodeBindings:
     def __init__(self, etcd: Etcd, prefix: str, node: str,
                  records: Callable[[], dict[str, Held]], *, interval_s: float = 1.0,
                  pending_grace_s: float = 120.0,
-                 free: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 free: Callable[[str], Awaitable[None]] | None = None,
+                 ended: Callable[[str], bool] = lambda _sid: False) -> None:
         self.etcd, self.prefix, self.node = etcd, prefix, node
         self._records = records
+        # Whether a sandbox ended on this node: its pending binding is no create on its way
+        # (ids are never reused), and holding it for the grace fills the node's reservation.
+        self._ended = ended
         # Called for a sandbox of this node, not holding capacity (paused), that is bound
         # to another node: taken over while this node was cut off. Its copy here goes.
         self._free = free
@@ -164,7 +169,7 @@ class NodeBindings:
         for sid, (b, rev) in mine.items():
             if sid in records:
                 continue
-            if b.pending and now - b.placed_at < self.pending_grace_s:
+            if b.pending and now - b.placed_at < self.pending_grace_s and not self._ended(sid):
                 final[sid] = b  # a gateway's create on its way here
                 continue
             key = binding_key(self.prefix, sid)

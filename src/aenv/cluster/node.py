@@ -74,7 +74,7 @@ class NodeMembership:
         self.registration = Registration(self.etcd, cfg.cluster.prefix, self.record,
                                          ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
         self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held,
-                                     free=self._free)  # fmt: skip
+                                     free=self._free, ended=self._ended)  # fmt: skip
         self._guard: asyncio.Task[None] | None = None
         self.forgetting = Forgetting(self.etcd, cfg.cluster.prefix,
                                      cfg.cluster.forget_lost_after_s)  # fmt: skip
@@ -90,6 +90,9 @@ class NodeMembership:
             orchestrator.store.on_change.append(self.sharing.changed)
         orchestrator.on_stopped.append(self._last_reconcile)
         orchestrator.store.on_change.append(self.bindings.kick)
+
+    def _ended(self, sandbox_id: str) -> bool:
+        return self.orch.store.ended_team(sandbox_id) is not None
 
     def held(self) -> dict[str, Held]:
         return {r.sandbox_id: Held(r.memory_mib, r.template_id, r.state in HOLDS_CAPACITY,

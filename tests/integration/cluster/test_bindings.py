@@ -70,6 +70,22 @@ async def test_records_are_bound_and_the_reservation_is_what_they_hold(etcd: Etc
     assert await _reservation(etcd, prefix) == Reservation(sandboxes=1, memory_mib=256)
 
 
+async def test_a_sandbox_created_and_ended_between_two_rounds_holds_nothing(etcd: Etcd) -> None:
+    """A gateway's placement whose create arrived and whose sandbox ended before the node's
+    next round: its pending binding is dropped at once, not held for the grace (a create and
+    kill loop through a gateway filled the nodes' reservations that way)."""
+    prefix = f"/b{os.urandom(3).hex()}/"
+    ended: set[str] = set()
+    nb = NodeBindings(etcd, prefix, "n1", dict, pending_grace_s=60, ended=ended.__contains__)
+    for sid in ("a", "b"):
+        await place(etcd, prefix, [_node()], PlacementRequest(sid, 512))
+    ended.add("a")  # "a" came and went; "b" is still on its way
+    assert await nb.reconcile()
+    assert await binding(etcd, prefix, "a") is None
+    assert (await binding(etcd, prefix, "b")).pending is True  # type: ignore[union-attr]
+    assert await _reservation(etcd, prefix) == Reservation(sandboxes=1, memory_mib=512)
+
+
 async def test_placements_racing_the_node_are_never_lost(etcd: Etcd) -> None:
     prefix = f"/b{os.urandom(3).hex()}/"
     records = {f"own{i}": Held(100, "", holds=True) for i in range(5)}
