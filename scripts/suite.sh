@@ -26,6 +26,14 @@ for f in sorted(Path(sys.argv[1]).glob("*.xml")):
 print(f"\n{'ten slowest tests':<22} {'seconds':>9}  phase: test")
 for t, phase, name in sorted(rows, reverse=True)[:10]:
     print(f"{'':<22} {t:9.1f}  {phase}: {name}")
+# Each failure's message and where it was raised, at the end where a truncated log still
+# shows them (the phase's own report is far above).
+for f in sorted(Path(sys.argv[1]).glob("*.xml")):
+    for case in ET.parse(f).iter("testcase"):
+        for bad in (*case.iter("failure"), *case.iter("error")):
+            where = [ln for ln in (bad.text or "").splitlines() if ln.startswith(("tests/", "src/"))]
+            print(f"\n{bad.tag}: {f.stem}: {case.get('classname')}::{case.get('name')} "
+                  f"({where[-1] if where else '?'})\n  {(bad.get('message') or '')[:600]}")
 PY
 }
 # What an earlier run that was killed part-way left on this host (a shared CI machine):
