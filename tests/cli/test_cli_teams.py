@@ -48,11 +48,27 @@ def test_team_and_key_lifecycle(fake_node: Node) -> None:
     assert "cli-blue" not in fake_node.cli("team", "ls").stdout
 
 
+def test_a_teams_image_registries(fake_node: Node) -> None:
+    p = fake_node.cli("team", "create", "cli-pull", "--image-registries", "ghcr.io/org, 127.0.0.1",
+                      "--json")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)[0]["imageRegistries"] == ["ghcr.io/org", "127.0.0.1"]
+    p = fake_node.cli("team", "set", "cli-pull", "--image-registries", "", "--json")
+    assert json.loads(p.stdout)[0]["imageRegistries"] == []  # it may pull nothing
+    p = fake_node.cli("team", "set", "cli-pull", "--node-registries", "--json")
+    assert json.loads(p.stdout)[0]["imageRegistries"] is None
+    table = fake_node.cli("team", "ls", "--table").stdout
+    assert "REGISTRIES" in table and "node's" in table
+    assert fake_node.cli("team", "rm", "cli-pull").returncode == 0
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (("team", "create", "Bad Name"), "team name"),
     (("team", "set", "nobody", "--max-sandboxes", "2"), "not found"),
     (("team", "set", "default"), "nothing to change"),
     (("team", "set", "default", "--max-sandboxes", "1", "--no-max-sandboxes"), "not both"),
+    (("team", "set", "default", "--image-registries", "x.io", "--node-registries"), "not both"),
+    (("team", "create", "regs", "--image-registries", "https://x.io"), "imageRegistries"),
     (("key", "create", "--team", "nobody"), "not found"),
     (("key", "revoke", "node"), "AENV_API_KEY"),
     (("key", "revoke", "key_missing"), "not found"),

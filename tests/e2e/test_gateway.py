@@ -29,6 +29,8 @@ from tests.support import census
 from tests.support.client_ns import client_namespace
 from tests.support.cluster import Child, gateway, gateway_ready, haproxy, link_env
 from tests.support.etcd import EtcdCluster, secured_etcd
+from tests.support.guest import until
+from tests.support.registry import Seeded, have_tools
 from tests.support.tls import make_certs
 
 from .conftest import API_KEY, NodeProcess, running_node, sdk_pointed_at
@@ -82,6 +84,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             nodes.append(stack.enter_context(running_node(  # over TLS links (issue 33)
                 tmp / f"n{i}", AENV_INSTANCE=inst, AENV_SLOT_NETWORK=net,
                 AENV_NODE_NAME=f"n{i}", AENV_WARM_POOL_SIZE="1", **common,
+                AENV_IMAGE_REGISTRIES="127.0.0.1",  # the test registry's images on demand
                 **link_env(tmp, f"n{i}"))))  # fmt: skip
         common = {**common, **link_env(tmp, "gateway", node=False)}  # the gateways'
         gws = []
@@ -191,6 +194,36 @@ def test_signed_urls_pause_and_resume_and_bindings_through_the_gateway(
     while any(cluster.binding(s.sandbox_id) for s in boxes):
         assert time.monotonic() < deadline, "bindings outlived their sandboxes"
         time.sleep(0.1)
+
+
+@pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")
+def test_an_images_creates_go_to_the_node_that_made_its_template(
+    cluster: Cluster, seeded: Seeded
+) -> None:
+    """A create by image reference through the gateway: the chosen node pulls it; once its
+    record lists the image, the next creates of that image go to it too (placement prefers
+    it over the less loaded nodes), and nothing is pulled twice."""
+    ref = seeded.sibling
+    first = Sandbox.create(ref, timeout=120)
+    made = [first]
+    try:
+        home = cluster.binding(first.sandbox_id)["node"]  # type: ignore[index]
+        until(lambda: ref in _record(cluster, home).get("memory_of", {}), 30)
+        made += [Sandbox.create(ref, timeout=120) for _ in range(2)]  # one after the other
+        assert [cluster.binding(s.sandbox_id)["node"] for s in made] == [home] * 3  # type: ignore[index]
+        assert made[2].commands.run("cat /sibling").stdout == "own"
+        pulls = [len(re.findall(rf"image {re.escape(ref)}: pulling ", n.log.read_text()))
+                 for n in cluster.nodes]  # fmt: skip
+        assert sorted(pulls) == [0, 0, 1], pulls
+    finally:
+        for s in made:
+            s.kill()
+
+
+def _record(c: Cluster, node: str) -> dict[str, Any]:
+    key = base64.b64encode(f"{c.prefix}nodes/{node}".encode()).decode()
+    kvs = c.etcd.call("/v3/kv/range", {"key": key}).get("kvs", [])
+    return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else {}
 
 
 def test_a_template_build_through_the_load_balancer(cluster: Cluster) -> None:

@@ -55,6 +55,7 @@ from aenv.orchestrator.pending import PendingTemplates
 from aenv.orchestrator.service import Orchestrator
 from aenv.origins import console_origins
 from aenv.rl.server.service import RL
+from aenv.teams.model import TeamNotFound
 
 if TYPE_CHECKING:
     from aenv.cluster.node import NodeMembership
@@ -140,7 +141,8 @@ class Node:
         self.console_cors = ConsoleCors(console_origins(config), self.proxy.agent_port)
         self.builds = _builds(config, self.runtime, self.orchestrator.pending)
         # Sandboxes from image references (images/on_demand.py): a node that builds pulls.
-        self.images = (OnDemandImages(config, self.runtime, self.orchestrator.pending)
+        self.images = (OnDemandImages(config, self.runtime, self.orchestrator.pending,
+                                      self._team_registries)
                        if self.builds is not None else None)  # fmt: skip
         self.orchestrator.images = self.images
         self.rl = RL(self.orchestrator)  # groups, leases, evaluations (rl/server/)
@@ -192,6 +194,14 @@ class Node:
 
     def begin_shutdown(self) -> None:
         self.orchestrator.begin_shutdown()
+
+    def _team_registries(self, team_id: str) -> tuple[str, ...] | None:
+        """A team's own `imageRegistries` (None: the node's image_registries apply)."""
+        teams = self.orchestrator.teams
+        try:
+            return teams.team(team_id).image_registries if teams is not None else None
+        except TeamNotFound:
+            return None
 
     async def close(self) -> None:
         if self._token_watch is not None:

@@ -112,7 +112,7 @@ async def start_build(request: Request, template_id: str, build_id: str,
         if spec.fromTemplate:  # the team's own, else a public one
             spec.fromTemplate = templates.find(request, spec.fromTemplate).template_id
         elif spec.fromImage and request.app.state.images is not None:
-            request.app.state.images.check(spec.fromImage)  # 403 outside image_registries
+            request.app.state.images.check(spec.fromImage, team_of(request))  # 403 outside
         builds.start(b, spec)
     except (BuildNotFound, TemplateNotFound) as e:
         raise ApiError(404, str(e)) from None

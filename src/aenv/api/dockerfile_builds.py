@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from aenv.api.apierror import ApiError
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_api_key, team_of
 from aenv.api.builds import BuildRequest, BuildRequested, node_builds, request_build, start_build
 from aenv.api.models import Error
 from aenv.images import dockerfile
@@ -63,7 +63,7 @@ async def build_from_dockerfile(request: Request, body: DockerfileBuild) -> Buil
     spec = BuildSpec.model_validate(
         await asyncio.to_thread(prepare, body.dockerfile, context, builds.contexts))
     if spec.fromImage and request.app.state.images is not None:
-        request.app.state.images.check(spec.fromImage)  # 403 before a build is requested
+        request.app.state.images.check(spec.fromImage, team_of(request))  # 403 before
     requested = await request_build(request, BuildRequest(
         name=body.name, cpuCount=body.cpuCount, memoryMB=body.memoryMB))  # fmt: skip
     await start_build(request, requested.templateID, requested.buildID, spec)

@@ -31,14 +31,17 @@ class NewTeam(BaseModel):
     name: StrictStr
     maxSandboxes: StrictInt | None = None
     maxMemoryMB: StrictInt | None = None
+    # What its creates and builds may pull, in place of the node's `image_registries`.
+    imageRegistries: list[StrictStr] | None = None
 
 
 class TeamLimits(BaseModel):
-    """Only the fields given change; null means no limit."""
+    """Only the fields given change; null means no limit (imageRegistries: the node's)."""
 
     model_config = ConfigDict(extra="forbid")
     maxSandboxes: StrictInt | None = None
     maxMemoryMB: StrictInt | None = None
+    imageRegistries: list[StrictStr] | None = None
 
 
 class TeamUsage(BaseModel):
@@ -51,6 +54,7 @@ class TeamOut(BaseModel):
     name: str
     maxSandboxes: int | None
     maxMemoryMB: int | None
+    imageRegistries: list[str] | None  # null: the node's image_registries
     createdAt: str
     usage: TeamUsage
 
@@ -96,7 +100,8 @@ def _team(request: Request, t: Team) -> TeamOut:
                       memoryMB=store.sum_memory_mib(HOLDS_CAPACITY, t.team_id))  # fmt: skip
     return TeamOut(teamID=t.team_id, name=t.name, maxSandboxes=t.max_sandboxes,
                    maxMemoryMB=t.max_memory_mib, createdAt=query.rfc3339(t.created_us),
-                   usage=usage)  # fmt: skip
+                   imageRegistries=None if t.image_registries is None else
+                   list(t.image_registries), usage=usage)  # fmt: skip
 
 
 def _key(k: ApiKey) -> dict[str, Any]:
@@ -112,7 +117,8 @@ async def list_teams(request: Request) -> list[TeamOut]:
 
 @router.post("/teams", operation_id="adminCreateTeam", status_code=201)
 async def create_team(request: Request, body: NewTeam) -> TeamOut:
-    t = await _call(_teams(request).create_team, body.name, body.maxSandboxes, body.maxMemoryMB)
+    t = await _call(_teams(request).create_team, body.name, body.maxSandboxes, body.maxMemoryMB,
+                    body.imageRegistries)  # fmt: skip
     return _team(request, t)
 
 
@@ -123,7 +129,8 @@ async def get_team(request: Request, team: str) -> TeamOut:
 
 @router.patch("/teams/{team}", operation_id="adminSetTeamLimits")
 async def set_limits(request: Request, team: str, body: TeamLimits) -> TeamOut:
-    names = {"maxSandboxes": "max_sandboxes", "maxMemoryMB": "max_memory_mib"}
+    names = {"maxSandboxes": "max_sandboxes", "maxMemoryMB": "max_memory_mib",
+             "imageRegistries": "image_registries"}  # fmt: skip
     changes = {names[f]: getattr(body, f) for f in body.model_fields_set}
     return _team(request, await _call(_teams(request).set_limits, team, **changes))
 

@@ -18,6 +18,13 @@ team_app = AenvTyper(help="Teams: who owns sandboxes, templates, snapshots, volu
 key_app = AenvTyper(help="API keys: each belongs to a team (admin key).", no_args_is_help=True)
 
 Limit = Annotated[int | None, typer.Option(min=0, show_default=False)]
+Registries = Annotated[str | None, typer.Option(
+    show_default=False, help="Registries its creates and builds may pull images from, "
+    "comma-separated (host, host:port, host/path, *), in place of the node's; '' for none.")]
+
+
+def _registries(text: str | None) -> list[str] | None:
+    return None if text is None else [e.strip() for e in text.split(",") if e.strip()]
 
 
 def _limit(n: int | None) -> str:
@@ -29,18 +36,22 @@ def _show_teams(items: list[dict[str, Any]], as_json: bool | None) -> None:
         output.print_json(items)
         return
     output.print_table(
-        ["TEAM", "NAME", "SANDBOXES", "MAX", "MEMORY MIB", "MAX MIB"],
+        ["TEAM", "NAME", "SANDBOXES", "MAX", "MEMORY MIB", "MAX MIB", "REGISTRIES"],
         [[t["teamID"], t["name"], str(t["usage"]["sandboxes"]), _limit(t["maxSandboxes"]),
-          str(t["usage"]["memoryMB"]), _limit(t["maxMemoryMB"])] for t in items])  # fmt: skip
+          str(t["usage"]["memoryMB"]), _limit(t["maxMemoryMB"]),
+          "node's" if t.get("imageRegistries") is None else
+          ",".join(t["imageRegistries"]) or "none"] for t in items])  # fmt: skip
 
 
 @team_app.command("create")
 def team_create(
     name: Annotated[str, typer.Argument(help="a-z, 0-9, '-' and '_'")],
-    max_sandboxes: Limit = None, max_memory_mib: Limit = None, as_json: JsonOpt = None,
+    max_sandboxes: Limit = None, max_memory_mib: Limit = None,
+    image_registries: Registries = None, as_json: JsonOpt = None,
 ) -> None:
     """Create a team (no limits but the node's unless given)."""
-    body = {"name": name, "maxSandboxes": max_sandboxes, "maxMemoryMB": max_memory_mib}
+    body = {"name": name, "maxSandboxes": max_sandboxes, "maxMemoryMB": max_memory_mib,
+            "imageRegistries": _registries(image_registries)}
     with Node() as node:
         _show_teams([node.json("POST", "/admin/teams", (201,), json=body)], as_json)
 
@@ -58,10 +69,17 @@ def team_set(
     max_sandboxes: Limit = None, max_memory_mib: Limit = None,
     no_max_sandboxes: Annotated[bool, typer.Option(help="Remove the sandbox limit.")] = False,
     no_max_memory: Annotated[bool, typer.Option(help="Remove the memory limit.")] = False,
+    image_registries: Registries = None,
+    node_registries: Annotated[bool, typer.Option(
+        help="The node's image_registries apply to it again.")] = False,
     as_json: JsonOpt = None,
 ) -> None:
     """Change a team's limits (those not named stay)."""
-    body: dict[str, int | None] = {}
+    body: dict[str, int | list[str] | None] = {}
+    if image_registries is not None and node_registries:
+        raise CliError("imageRegistries: give a list or --node-registries, not both")
+    if image_registries is not None or node_registries:
+        body["imageRegistries"] = _registries(image_registries)
     for field, value, clear in (("maxSandboxes", max_sandboxes, no_max_sandboxes),
                                 ("maxMemoryMB", max_memory_mib, no_max_memory)):
         if value is not None and clear:
@@ -69,7 +87,8 @@ def team_set(
         if value is not None or clear:
             body[field] = value
     if not body:
-        raise CliError("nothing to change: give --max-sandboxes, --max-memory-mib or a --no-*")
+        raise CliError("nothing to change: give --max-sandboxes, --max-memory-mib, "
+                       "--image-registries or a --no-*")
     with Node() as node:
         _show_teams([node.json("PATCH", f"/admin/teams/{quote(team, safe='')}", json=body)],
                     as_json)  # fmt: skip

@@ -114,6 +114,9 @@ class NodeMembership:
         for t in templates:  # a template's names win over a snapshot's (as in a create)
             for name in (*t.aliases, t.template_id):
                 memory_of[name] = t.shape.memory_mib
+        for ref, name in (orch.images.made() if orch.images is not None else {}).items():
+            if name in memory_of:  # an image's creates are placed where its template is
+                memory_of[ref] = memory_of[name]
         return NodeRecord(
             name=node_name(self.cfg), url=node_url(self.cfg), version=aenv.__version__,
             accelerator=accel() if callable(accel) else None,

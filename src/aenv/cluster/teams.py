@@ -1,6 +1,7 @@
 """A cluster's teams and keys in its etcd, so every node and gateway knows every key:
 
-    <prefix>teams/team/<teamID>     {"name", "max_sandboxes", "max_memory_mib", "created_us"}
+    <prefix>teams/team/<teamID>     {"name", "max_sandboxes", "max_memory_mib", "created_us",
+                                     "image_registries"}
     <prefix>teams/name/<name>       <teamID> (a name is taken by one team)
     <prefix>teams/key/<keyID>       {"team_id", "name", "hash", "mask", "admin",
                                      "created_us", "revoked_us"}
@@ -31,6 +32,7 @@ from aenv.teams.model import (
     TeamNotFound,
     check_limit,
     check_name,
+    check_registries,
     key_hash,
     mask,
     new_key,
@@ -93,8 +95,9 @@ class EtcdTeams:
             ref = tid or ref
         if d is None:
             raise TeamNotFound(f"team {ref!r} not found")
+        regs = d.get("image_registries")
         return Team(ref, d["name"], d.get("max_sandboxes"), d.get("max_memory_mib"),
-                    int(d.get("created_us", 0)))  # fmt: skip
+                    int(d.get("created_us", 0)), None if regs is None else tuple(regs))
 
     def teams(self) -> list[Team]:
         out = [self.team(t) for t in self._teams.items]
@@ -127,10 +130,12 @@ class EtcdTeams:
             "admin": True, "created_us": _now_us(), "revoked_us": None})
 
     async def create_team(self, name: object, max_sandboxes: object = None,
-                          max_memory_mib: object = None) -> Team:
+                          max_memory_mib: object = None, image_registries: object = None
+                          ) -> Team:  # fmt: skip
         name = check_name(name)
         doc = {"name": name, "max_sandboxes": check_limit(max_sandboxes, "maxSandboxes"),
                "max_memory_mib": check_limit(max_memory_mib, "maxMemoryMB"),
+               "image_registries": check_registries(image_registries),
                "created_us": _now_us()}  # fmt: skip
         tid = str(uuid.uuid4())
         r = await self._etcd.txn([compare_version(self._p + "name/" + name, "EQUAL", 0)],
@@ -194,7 +199,8 @@ class EtcdTeams:
             if t.team_id == DEFAULT_TEAM:
                 continue
             doc = {"name": t.name, "max_sandboxes": t.max_sandboxes,
-                   "max_memory_mib": t.max_memory_mib, "created_us": t.created_us}
+                   "max_memory_mib": t.max_memory_mib, "created_us": t.created_us,
+                   "image_registries": t.image_registries}
             name_key = self._p + "name/" + t.name
             r = await self._etcd.txn([compare_version(name_key, "EQUAL", 0),
                                       compare_version(self._team_key(t.team_id), "EQUAL", 0)],

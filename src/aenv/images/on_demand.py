@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aenv.config import Config
-from aenv.images.reference import BadReference, Reference, parse
+from aenv.images.reference import BadReference, Reference, has_registry, parse
 from aenv.machines.api import TemplateNotFound
 from aenv.orchestrator.errors import Forbidden, InvalidRequest
 from aenv.orchestrator.pending import PendingTemplates
@@ -46,20 +47,17 @@ def allowed(registries: list[str], ref: Reference) -> bool:
     return False
 
 
-def has_registry(text: str) -> bool:
-    """A registry host or a digest in it (what makes a create's template an image)."""
-    first, slash, _ = text.partition("/")
-    return "@" in text or (bool(slash) and ("." in first or ":" in first
-                                            or first == "localhost"))  # fmt: skip
-
-
 class OnDemandImages:
-    """`runtime` is the node's Runtime; `pending` the orchestrator's templates on their way."""
+    """`runtime` is the node's Runtime; `pending` the orchestrator's templates on their way;
+    `registries_of(team_id)` a team's own `imageRegistries` (None: the node's list)."""
 
-    def __init__(self, cfg: Config, runtime: Any, pending: PendingTemplates) -> None:
+    def __init__(self, cfg: Config, runtime: Any, pending: PendingTemplates,
+                 registries_of: Callable[[str], tuple[str, ...] | None] = lambda _t: None,
+                 ) -> None:  # fmt: skip
         self.cfg = cfg
         self.rt = runtime
         self.pending = pending
+        self._registries_of = registries_of
         self._made_path = cfg.images_dir / "on-demand.json"  # reference -> its template
         self._failed: dict[str, str] = {}  # reference -> why its last try failed
         self._tasks = TaskSet()
@@ -73,17 +71,20 @@ class OnDemandImages:
     def is_image(self, name: str) -> bool:
         return has_registry(name) or self.cfg.image_short_names
 
-    def check(self, text: str) -> Reference:
-        """The reference, if this node may pull it: InvalidRequest (400) if it is none,
-        Forbidden (403) outside `image_registries`. The node's own exports always may."""
+    def check(self, text: str, team_id: str | None = None) -> Reference:
+        """The reference, if this node may pull it for `team_id`: InvalidRequest (400) if it
+        is none, Forbidden (403) outside the team's `imageRegistries` or, if it has none, the
+        node's `image_registries`. The node's own exports always may."""
         try:
             ref = parse(text)
         except BadReference as e:
             raise InvalidRequest(str(e)) from None
-        if self._local(ref) or allowed(self.cfg.image_registries, ref):
+        own = self._registries_of(team_id) if team_id is not None else None
+        if self._local(ref) or allowed(self.cfg.image_registries if own is None else own, ref):
             return ref
-        raise Forbidden(f"image {text!r}: registry {ref.registry} is not one this node pulls "
-                        "from (image_registries)")  # fmt: skip
+        raise Forbidden(f"image {text!r}: registry {ref.registry} is not one "
+                        + ("this node pulls from (image_registries)" if own is None else
+                           "the team may pull from (its imageRegistries)"))  # fmt: skip
 
     def _local(self, ref: Reference) -> bool:
         from aenv.images.templates import image_cache
@@ -92,11 +93,11 @@ class OnDemandImages:
 
     # -- its template --------------------------------------------------------------------
 
-    async def template_for(self, text: str) -> str:
+    async def template_for(self, text: str, team_id: str | None = None) -> str:
         """The template made of image `text`: made now (or by the work already making it)
         if need be. Forbidden, InvalidRequest, TemplateNotReady (503, past the node's wait
         bound: the work goes on), TemplateNotFound (404: the pull failed, with why)."""
-        ref = self.check(text)
+        ref = self.check(text, team_id)
         key = str(ref)
         if (name := self._known(key)) is not None:
             return name
@@ -127,6 +128,11 @@ class OnDemandImages:
         made[key] = t.name
         write_json_atomic(self._made_path, made)
         log.info("image %s: template %s", key, t.name)
+
+    def made(self) -> dict[str, str]:
+        """Each image whose template this node holds, with that template's name (its node
+        record says so: a gateway then places the image's creates here)."""
+        return {key: name for key in self._read() if (name := self._known(key)) is not None}
 
     def _known(self, key: str) -> str | None:
         """The template made of `key` earlier, if it is still here."""

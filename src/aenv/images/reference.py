@@ -61,6 +61,24 @@ class Reference:
             return False
 
 
+def has_registry(text: str) -> bool:
+    """A registry host or a digest in it (what makes a create's template an image)."""
+    first, slash, _ = text.partition("/")
+    return "@" in text or (bool(slash) and ("." in first or ":" in first
+                                            or first == "localhost"))  # fmt: skip
+
+
+def image_key(text: str) -> str | None:
+    """How the nodes name image `text` (a create's template that has a registry host or a
+    digest), or None if it is no such reference."""
+    if not has_registry(text):
+        return None
+    try:
+        return str(parse(text))
+    except BadReference:
+        return None
+
+
 def parse(text: str) -> Reference:
     ref = text.strip()
     if not ref:

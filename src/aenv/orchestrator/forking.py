@@ -136,7 +136,8 @@ class Forking:
                 if self.images is None or not self.images.is_image(name):
                     raise
                 # No template of that name: an image reference, pulled on demand.
-                return await self._resolve(await self.images.template_for(name), team_id)
+                return await self._resolve(await self.images.template_for(name, team_id),
+                                           team_id)  # fmt: skip
             await self.pending.wait(on_its_way)
             info = await self._in_cluster(name, team_id, self.resolve_template)
         if info.fetched and self.shared is not None:

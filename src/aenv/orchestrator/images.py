@@ -13,5 +13,9 @@ class ImageTemplates(Protocol):
     def is_image(self, name: str) -> bool:
         """Whether a create's template, no template by that name, may be an image."""
 
-    async def template_for(self, text: str) -> str:
-        """The template made of image `text` (made now if need be)."""
+    async def template_for(self, text: str, team_id: str | None = None) -> str:
+        """The template made of image `text` (made now if need be), if `team_id` may pull
+        it."""
+
+    def made(self) -> dict[str, str]:
+        """Each image whose template the node holds, with that template's name."""

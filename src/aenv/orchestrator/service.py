@@ -314,7 +314,8 @@ class Orchestrator(Admission, Pausing, Forking, Networking, Observing):
         image = self.images.image_in(req.metadata) if self.images is not None else None
         if image is not None:  # the operator's metadata key names the image to boot
             assert self.images is not None
-            info = await self._resolve(await self.images.template_for(image), req.team_id)
+            info = await self._resolve(await self.images.template_for(image, req.team_id),
+                                       req.team_id)  # fmt: skip
         else:
             info = await self._resolve(req.template, req.team_id)  # TemplateNotFound: 404
         volume_mounts = await mounts.resolve(self.volumes, req.volume_mounts, req.team_id)

@@ -33,6 +33,9 @@ class Team:
     max_sandboxes: int | None  # None: only the node's own limit
     max_memory_mib: int | None
     created_us: int
+    # The registries this team's creates and builds may pull images from, in place of the
+    # node's `image_registries` (None: the node's; an admin, the operator, sets it).
+    image_registries: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,22 @@ def check_name(name: object, what: str = "team") -> str:
         raise TeamError(f"a {what} name is 1 to {MAX_NAME} characters of a-z, 0-9, '-' and "
                         f"'_', starting with a letter or digit; got {name!r}")
     return name
+
+
+MAX_REGISTRIES = 64
+
+
+def check_registries(value: object) -> tuple[str, ...] | None:
+    """A team's `imageRegistries`: entries as `image_registries` has them, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) > MAX_REGISTRIES or any(
+            not isinstance(e, str) or not e or len(e) > 255 or "://" in e
+            or any(c.isspace() for c in e) for e in value):  # fmt: skip
+        raise TeamError(f"imageRegistries is a list of up to {MAX_REGISTRIES} registries "
+                        "(`host`, `host:port`, `host/path` or \"*\"), or null for the "
+                        "node's own list")  # fmt: skip
+    return tuple(dict.fromkeys(value))
 
 
 def check_limit(value: object, what: str) -> int | None:

@@ -8,6 +8,7 @@ refused from the next request on.
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import time
@@ -25,6 +26,7 @@ from aenv.teams.model import (
     TeamNotFound,
     check_limit,
     check_name,
+    check_registries,
     key_hash,
     mask,
     new_key,
@@ -36,7 +38,8 @@ CREATE TABLE IF NOT EXISTS teams (
     name TEXT NOT NULL UNIQUE,
     max_sandboxes INTEGER,
     max_memory_mib INTEGER,
-    created_us INTEGER NOT NULL
+    created_us INTEGER NOT NULL,
+    image_registries TEXT  -- a JSON list; NULL: the node's image_registries
 );
 CREATE TABLE IF NOT EXISTS api_keys (
     key_id TEXT PRIMARY KEY,
@@ -49,7 +52,7 @@ CREATE TABLE IF NOT EXISTS api_keys (
     revoked_us INTEGER
 );
 """
-_TEAM_COLS = "team_id, name, max_sandboxes, max_memory_mib, created_us"
+_TEAM_COLS = "team_id, name, max_sandboxes, max_memory_mib, created_us, image_registries"
 _KEY_COLS = "key_id, team_id, name, mask, admin, created_us, revoked_us"
 
 
@@ -73,7 +76,8 @@ class Teams(Protocol):
     async def bind_node_key(self, key: str) -> None: ...
 
     async def create_team(self, name: object, max_sandboxes: object = None,
-                          max_memory_mib: object = None) -> Team: ...  # fmt: skip
+                          max_memory_mib: object = None, image_registries: object = None
+                          ) -> Team: ...  # fmt: skip
 
     async def set_limits(self, ref: str, **changes: object) -> Team: ...
 
@@ -85,13 +89,23 @@ class Teams(Protocol):
     async def revoke(self, key_id: str) -> ApiKey: ...
 
 
-def limit_changes(team: Team, changes: dict[str, object]) -> dict[str, int | None]:
-    """`changes` ({max_sandboxes, max_memory_mib}: None removes a limit) checked."""
+def limit_changes(team: Team, changes: dict[str, object]) -> dict[str, object]:
+    """`changes` ({max_sandboxes, max_memory_mib}: None removes a limit; image_registries:
+    None gives the team the node's list) checked."""
     names = {"max_sandboxes": "maxSandboxes", "max_memory_mib": "maxMemoryMB"}
-    unknown = set(changes) - set(names)
+    unknown = set(changes) - set(names) - {"image_registries"}
     if unknown:
         raise TeamError(f"unknown limit {sorted(unknown)[0]!r}")
-    return {k: check_limit(v, names[k]) for k, v in changes.items()}
+    return {k: check_registries(v) if k == "image_registries" else check_limit(v, names[k])
+            for k, v in changes.items()}  # fmt: skip
+
+
+def registries_json(value: tuple[str, ...] | None) -> str | None:
+    return None if value is None else json.dumps(list(value))
+
+
+def registries_of(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(json.loads(text))
 
 
 def check_deletable(team: Team) -> None:
@@ -109,6 +123,11 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+def _team(row: tuple[Any, ...]) -> Team:
+    *fields, registries = row
+    return Team(*fields, registries_of(registries))
+
+
 def _key(row: tuple[Any, ...]) -> ApiKey:
     kid, team, name, msk, admin, created, revoked = row
     return ApiKey(kid, team, name, msk, bool(admin), created, revoked)
@@ -119,9 +138,11 @@ class TeamStore:
         """`db`: the node's database, autocommit, foreign keys on."""
         self._db = db
         self._db.executescript(_SCHEMA)
+        if "image_registries" not in {r[1] for r in self._db.execute("PRAGMA table_info(teams)")}:
+            self._db.execute("ALTER TABLE teams ADD COLUMN image_registries TEXT")  # older
         with self._db:
-            self._db.execute("INSERT OR IGNORE INTO teams VALUES (?, ?, NULL, NULL, ?)",
-                             (DEFAULT_TEAM, DEFAULT_TEAM, _now_us()))  # fmt: skip
+            self._db.execute("INSERT OR IGNORE INTO teams (team_id, name, created_us) "
+                             "VALUES (?, ?, ?)", (DEFAULT_TEAM, DEFAULT_TEAM, _now_us()))
 
     # -- the node's own key ----------------------------------------------------------------
 
@@ -152,15 +173,17 @@ class TeamStore:
     # -- teams -----------------------------------------------------------------------------
 
     async def create_team(self, name: object, max_sandboxes: object = None,
-                          max_memory_mib: object = None) -> Team:
+                          max_memory_mib: object = None, image_registries: object = None
+                          ) -> Team:  # fmt: skip
         name = check_name(name)
         limits = (check_limit(max_sandboxes, "maxSandboxes"),
                   check_limit(max_memory_mib, "maxMemoryMB"))
+        registries = registries_json(check_registries(image_registries))
         tid = str(uuid.uuid4())
         try:
             with self._db:
-                self._db.execute("INSERT INTO teams VALUES (?, ?, ?, ?, ?)",
-                                 (tid, name, *limits, _now_us()))
+                self._db.execute(f"INSERT INTO teams ({_TEAM_COLS}) VALUES (?, ?, ?, ?, ?, ?)",
+                                 (tid, name, *limits, _now_us(), registries))  # fmt: skip
         except sqlite3.IntegrityError:
             raise TeamExists(f"a team named {name!r} exists") from None
         return self.team(tid)
@@ -171,16 +194,18 @@ class TeamStore:
                                (ref, ref)).fetchone()  # fmt: skip
         if row is None:
             raise TeamNotFound(f"team {ref!r} not found")
-        return Team(*row)
+        return _team(row)
 
     def teams(self) -> list[Team]:
         rows = self._db.execute(f"SELECT {_TEAM_COLS} FROM teams ORDER BY created_us, team_id")
-        return [Team(*r) for r in rows.fetchall()]
+        return [_team(r) for r in rows.fetchall()]
 
     async def set_limits(self, ref: str, **changes: object) -> Team:
         """Changes the limits given (None: no limit); leaves the others."""
         team = self.team(ref)
         checked = limit_changes(team, changes)
+        if "image_registries" in checked:
+            checked["image_registries"] = registries_json(checked["image_registries"])  # type: ignore[arg-type]
         if checked:
             with self._db:
                 self._db.execute(

@@ -54,6 +54,10 @@ async def test_what_one_node_makes_every_other_knows_and_revocation_reaches_all(
         await a.set_limits("blue", max_memory_mib=2048, max_sandboxes=None)
         await _soon(lambda: b.team("blue").max_memory_mib == 2048, "the limit on b")
         assert b.team("blue").max_sandboxes is None
+        assert b.team("blue").image_registries is None  # the node's list
+        await a.set_limits("blue", image_registries=["ghcr.io/org"])
+        await _soon(lambda: b.team("blue").image_registries == ("ghcr.io/org",),
+                    "the registries on b")  # fmt: skip
 
         await a.revoke(rec.key_id)
         assert a.principal(key) is None  # at once where it was revoked
@@ -102,7 +106,7 @@ async def test_a_joining_nodes_own_teams_and_keys_come_with_their_ids(
     db.execute("PRAGMA foreign_keys=ON")
     local = TeamStore(db)
     await local.bind_node_key("node-key")
-    green = await local.create_team("green", max_sandboxes=4)
+    green = await local.create_team("green", max_sandboxes=4, image_registries=["127.0.0.1"])
     _, gkey = await local.create_key("green", "ci")
     gone, gone_key = await local.create_key("green", "old")
     await local.revoke(gone.key_id)

@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from aenv.api.app import Node
 from aenv.orchestrator.fake import FakeRuntime
-from aenv.teams.model import DEFAULT_TEAM
+from aenv.teams.model import DEFAULT_TEAM, Team
+from aenv.teams.store import TeamStore
 
 from .conftest import KEY
 from .test_control_plane import assert_error
@@ -139,6 +141,39 @@ async def test_a_revoked_key_is_refused_from_the_next_request(
     assert key not in dump and KEY not in dump
 
 
+async def test_a_teams_own_image_registries_replace_the_nodes_for_it(
+        node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
+    """Set at creation, changed, emptied (it may pull nothing) and given back to the node's
+    list (null); kept in the node's database across a restart of its team store."""
+    r = await admin.post("/admin/teams", json={"name": "pulls", "imageRegistries":
+                                               ["ghcr.io/org", "127.0.0.1", "ghcr.io/org"]})
+    assert r.status_code == 201 and r.json()["imageRegistries"] == ["ghcr.io/org", "127.0.0.1"]
+    assert (await admin.get("/admin/teams/default")).json()["imageRegistries"] is None
+    r = await admin.patch("/admin/teams/pulls", json={"maxSandboxes": 3})
+    assert r.json()["imageRegistries"] == ["ghcr.io/org", "127.0.0.1"]  # left as it was
+    r = await admin.patch("/admin/teams/pulls", json={"imageRegistries": []})
+    assert r.status_code == 200 and r.json()["imageRegistries"] == []
+    tid = r.json()["teamID"]
+    assert node._team_registries(tid) == ()  # what its creates and builds are checked against
+    r = await admin.patch("/admin/teams/pulls", json={"imageRegistries": None})
+    assert r.json()["imageRegistries"] is None and node._team_registries(tid) is None
+    await admin.patch("/admin/teams/pulls", json={"imageRegistries": ["*"]})
+    assert TeamStore(node.orchestrator.store.db).team("pulls").image_registries == ("*",)
+
+
+async def test_a_teams_table_from_before_image_registries_is_given_the_column(
+        tmp_path: Path) -> None:  # fmt: skip
+    db = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    db.execute("CREATE TABLE teams (team_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, "
+               "max_sandboxes INTEGER, max_memory_mib INTEGER, created_us INTEGER NOT NULL)")
+    db.execute("INSERT INTO teams VALUES ('t1', 'old', 4, NULL, 1)")
+    store = TeamStore(db)
+    assert store.team("old") == Team("t1", "old", 4, None, 1, None)
+    await store.set_limits("old", image_registries=["docker.io"])
+    assert store.team("t1").image_registries == ("docker.io",)
+    assert {t.name for t in store.teams()} == {"old", DEFAULT_TEAM}
+
+
 async def test_an_admin_key_of_another_team_manages_teams(
         node: Node, admin: httpx.AsyncClient) -> None:  # fmt: skip
     await admin.post("/admin/teams", json={"name": "ops"})
@@ -164,6 +199,11 @@ async def test_an_admin_key_of_another_team_manages_teams(
     ("DELETE", "/admin/keys/node", None, 400, "AENV_API_KEY"),
     ("DELETE", "/admin/keys/key_0000", None, 404, "not found"),
     ("GET", "/admin/keys?team=nope", None, 404, "not found"),
+    ("POST", "/admin/teams", {"name": "x", "imageRegistries": "ghcr.io"}, 400, "imageRegistries"),
+    ("POST", "/admin/teams", {"name": "x", "imageRegistries": ["a b"]}, 400, "imageRegistries"),
+    ("PATCH", "/admin/teams/default", {"imageRegistries": ["https://x.io"]}, 400,
+     "imageRegistries"),
+    ("PATCH", "/admin/teams/default", {"imageRegistries": ["x.io"] * 65}, 400, "up to 64"),
 ])  # fmt: skip
 async def test_bad_admin_requests_get_clear_errors(
         admin: httpx.AsyncClient, method: str, path: str, body: object, status: int,

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from aenv.images.on_demand import allowed, has_registry
-from aenv.images.reference import parse
+from aenv.config import Config
+from aenv.images.on_demand import OnDemandImages, allowed
+from aenv.images.reference import has_registry, parse
+from aenv.orchestrator.errors import Forbidden, InvalidRequest
+from aenv.orchestrator.pending import PendingTemplates
 
 
 @pytest.mark.parametrize(("text", "image"), [
@@ -37,3 +42,20 @@ def test_an_image_has_a_registry_host_or_a_digest(text: str, image: bool) -> Non
 ])  # fmt: skip
 def test_the_registries_a_node_pulls_from(entries: list[str], ref: str, ok: bool) -> None:
     assert allowed(entries, parse(ref)) is ok
+
+
+def test_a_teams_own_list_replaces_the_nodes_for_its_creates_and_builds(tmp_path: Path) -> None:
+    own = {"t-ghcr": ("ghcr.io/org",), "t-none": ()}
+    images = OnDemandImages(Config(data_dir=tmp_path, image_registries=["docker.io"]), None,
+                            PendingTemplates(1), own.get)  # fmt: skip
+    assert str(images.check("ubuntu:22.04")) == "docker.io/library/ubuntu:22.04"
+    assert str(images.check("ubuntu:22.04", "t-other"))  # a team without a list: the node's
+    assert str(images.check("ghcr.io/org/env:1", "t-ghcr")) == "ghcr.io/org/env:1"
+    with pytest.raises(Forbidden, match="the team may pull from"):
+        images.check("ubuntu:22.04", "t-ghcr")  # the node's list is not the team's
+    with pytest.raises(Forbidden, match="the team may pull from"):
+        images.check("ghcr.io/org/env:1", "t-none")  # an empty list: nothing
+    with pytest.raises(Forbidden, match="this node pulls from"):
+        images.check("ghcr.io/org/env:1")
+    with pytest.raises(InvalidRequest):
+        images.check("Not A Ref", "t-ghcr")

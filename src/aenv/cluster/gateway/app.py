@@ -115,6 +115,8 @@ class Gateway:
         self.prefix = config.cluster.prefix
         TokenFile(config.cluster).apply()  # a token kept in a file: read now, then watched
         self.domain = config.domain.lower().encode() if config.domain else None
+        self.images = callers.ImageCreates(config.image_metadata_key,
+                                           config.default_shape.memory_mib)  # fmt: skip
         self.pool = UpstreamPool()
         links = Links.of(config.cluster)
         self.links = NodeLinks(self.pool, links.client() if links is not None else None,
@@ -395,7 +397,8 @@ class Gateway:
         target = target_of(scope, scope.get("raw_path") or scope["path"].encode())
         headers = self._control_headers(scope)
         assert self.published is not None
-        req = callers.placement_request(body, nodes, list(self.published.items.values()))
+        req = callers.placement_request(body, nodes, list(self.published.items.values()),
+                                        self.images)  # fmt: skip
         if req is None:  # not a create any node would make: its answer (400, 404) is ours
             return await self._answer(send, await call(self.links, nodes[0], "POST", target,
                                                        headers, body))  # fmt: skip

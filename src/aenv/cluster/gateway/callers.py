@@ -5,12 +5,14 @@ and the placement a create body needs."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from aenv.cluster.membership import NodeRecord
 from aenv.cluster.placement import PlacementRequest, TeamQuota
 from aenv.cluster.published import PublishedEntry, newest
 from aenv.cluster.teams import EtcdTeams
+from aenv.images.reference import image_key
 from aenv.orchestrator.requests import new_sandbox_id
 from aenv.teams.model import Principal, TeamNotFound
 
@@ -38,10 +40,19 @@ def team_quota(teams: EtcdTeams | None, team_id: str) -> TeamQuota:
     return TeamQuota(t.team_id, t.name, t.max_sandboxes, t.max_memory_mib)
 
 
-def placement_request(body: bytes, nodes: list[NodeRecord], published: list[PublishedEntry]
-                       ) -> PlacementRequest | None:  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class ImageCreates:
+    """How the gateway sees a create of an image (images/on_demand.py does it on a node):
+    the operator's metadata key, and the memory of a template made of an image."""
+
+    metadata_key: str = ""
+    memory_mib: int = 512
+
+
+def placement_request(body: bytes, nodes: list[NodeRecord], published: list[PublishedEntry],
+                      images: ImageCreates | None = None) -> PlacementRequest | None:
     """What to place for a create body, or None if no node would make it (bad body,
-    unknown template)."""
+    unknown template). An image's create goes preferably where its template was made."""
     try:
         doc = json.loads(body)
     except ValueError:
@@ -49,10 +60,21 @@ def placement_request(body: bytes, nodes: list[NodeRecord], published: list[Publ
     if not isinstance(doc, dict) or not isinstance(doc.get("templateID"), str):
         return None
     template: str = doc["templateID"]
+    images = images or ImageCreates()
+    metadata = doc.get("metadata")
+    named = metadata.get(images.metadata_key) if images.metadata_key and \
+        isinstance(metadata, dict) else None  # fmt: skip
+    # An image: the metadata's (it wins over the template, as on the node), or a template
+    # name that no node and no published snapshot has.
+    image = image_key(named) if isinstance(named, str) else None
+    if image is None and newest(published, template) is None and \
+            not any(template in n.memory_of for n in nodes):  # fmt: skip
+        image = image_key(template)
+    template = image or template
     memory = doc.get("memoryMB")
     if not isinstance(memory, int) or isinstance(memory, bool):
         memory = max((n.memory_of[template] for n in nodes if template in n.memory_of),
-                     default=None)  # fmt: skip
+                     default=images.memory_mib if image is not None else None)  # fmt: skip
     if memory is None:  # a snapshot no live node holds may still be in the snapshot store
         entry = newest(published, template)
         memory = entry.memory_mib if entry is not None else None
