@@ -1,0 +1,31 @@
+"""`python -m aenv.guest.interpreter [--port 49999] [--languages python,javascript]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from aenv.guest.interpreter.app import ENVS_URL, Settings, make_app
+from aenv.guest.interpreter.languages import DEFAULT_CWD
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="aenv-interpreter")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=49999)
+    p.add_argument("--languages", default="python",
+                   help="default contexts made before it reports healthy, comma-separated")
+    p.add_argument("--envs-url", default=ENVS_URL)
+    p.add_argument("--cwd", default=DEFAULT_CWD, help="contexts' directory by default")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    languages = tuple(x.strip() for x in args.languages.split(",") if x.strip())
+    app = make_app(Settings(languages=languages, envs_url=args.envs_url, cwd=args.cwd))
+    # Keep-alive past any client pool's idle timeout; no access log (each run is a line).
+    uvicorn.run(app, host=args.host, port=args.port, timeout_keep_alive=640, access_log=False)
+
+
+if __name__ == "__main__":
+    main()
