@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from aenv.guest.interpreter import execution
-from aenv.guest.interpreter.contexts import ContextError, ContextNotFound, Contexts
-from aenv.guest.interpreter.languages import DEFAULT_CWD
+from aenv.interpreter import execution
+from aenv.interpreter.contexts import ContextError, ContextNotFound, Contexts
+from aenv.interpreter.languages import DEFAULT_CWD
 
 log = logging.getLogger("aenv.interpreter")
 

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from queue import Empty
 from typing import Any
 
-from aenv.guest.interpreter import results
-from aenv.guest.interpreter.contexts import Context
-from aenv.guest.interpreter.languages import restore_envs, set_envs
+from aenv.interpreter import results
+from aenv.interpreter.contexts import Context
+from aenv.interpreter.languages import restore_envs, set_envs
 
 log = logging.getLogger("aenv.interpreter")
 

@@ -3,7 +3,9 @@ sandbox (`e2b-code-interpreter`, `@e2b/code-interpreter`), written from their pr
 
 It runs in the guest of the `code-interpreter-v1` template, beside the agent, in front of
 Jupyter kernels that it starts itself with `jupyter_client` (no Jupyter Server: one process
-less, and nothing listening but this server).
+less, and nothing listening but this server). A plane of its own, not part of `guest/`: the
+template carries it, so the agent's tools drive (hashed into every template's key) does not
+change with it.
 
 - `languages.py`: language names, kernel specs, the code that sets and restores env vars.
 - `results.py`: a kernel's output messages as the stream's lines.

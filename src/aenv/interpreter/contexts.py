@@ -15,7 +15,7 @@ from typing import Any
 from jupyter_client.kernelspec import NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
-from aenv.guest.interpreter.languages import DEFAULT_CWD, kernel_spec, normalize
+from aenv.interpreter.languages import DEFAULT_CWD, kernel_spec, normalize
 
 log = logging.getLogger("aenv.interpreter")
 

@@ -1,4 +1,4 @@
-"""aenv's code interpreter server (`aenv.guest.interpreter`) on the host, with real IPython
+"""aenv's code interpreter server (`aenv.interpreter`) on the host, with real IPython
 kernels, driven by the unmodified `e2b-code-interpreter` SDK (its `sandbox_url` points it
 at the server) and by raw HTTP for what the SDK checks before sending. The sandbox's env
 vars come from a small HTTP endpoint standing for the agent's `GET /envs`."""
@@ -58,7 +58,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = home / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "aenv.guest.interpreter", "--host", "127.0.0.1",
+            [sys.executable, "-m", "aenv.interpreter", "--host", "127.0.0.1",
              "--port", str(port), "--envs-url", f"http://127.0.0.1:{envs.server_port}/envs",
              "--cwd", str(home)],
             stdout=out, stderr=subprocess.STDOUT, cwd=Path.home())  # fmt: skip

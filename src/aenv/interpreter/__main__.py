@@ -1,4 +1,4 @@
-"""`python -m aenv.guest.interpreter [--port 49999] [--languages python,javascript]`."""
+"""`python -m aenv.interpreter [--port 49999] [--languages python,javascript]`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 
 import uvicorn
 
-from aenv.guest.interpreter.app import ENVS_URL, Settings, make_app
-from aenv.guest.interpreter.languages import DEFAULT_CWD
+from aenv.interpreter.app import ENVS_URL, Settings, make_app
+from aenv.interpreter.languages import DEFAULT_CWD
 
 
 def main(argv: list[str] | None = None) -> None:
