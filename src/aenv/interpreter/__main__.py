@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 import uvicorn
 
@@ -19,10 +20,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="default contexts made before it reports healthy, comma-separated")
     p.add_argument("--envs-url", default=ENVS_URL)
     p.add_argument("--cwd", default=DEFAULT_CWD, help="contexts' directory by default")
+    p.add_argument("--ipython-dir", type=Path, default=None,
+                   help="the kernels' IPython profile directory (default ~/.ipython)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     languages = tuple(x.strip() for x in args.languages.split(",") if x.strip())
-    app = make_app(Settings(languages=languages, envs_url=args.envs_url, cwd=args.cwd))
+    app = make_app(Settings(languages=languages, envs_url=args.envs_url, cwd=args.cwd,
+                            ipython_dir=args.ipython_dir))  # fmt: skip
     # Keep-alive past any client pool's idle timeout; no access log (each run is a line).
     uvicorn.run(app, host=args.host, port=args.port, timeout_keep_alive=640, access_log=False)
 

@@ -12,6 +12,7 @@ import logging
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -33,6 +34,7 @@ class Settings:
     languages: Sequence[str] = ("python",)  # default contexts made before it is healthy
     envs_url: str = ENVS_URL
     cwd: str = DEFAULT_CWD  # contexts' directory unless a create names one
+    ipython_dir: Path | None = None  # the kernels' IPython profile (None: ~/.ipython)
 
 
 class _Bad(Exception):
@@ -70,7 +72,7 @@ def _fetch_envs(url: str, token: str | None) -> dict[str, str]:
 
 def make_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
-    contexts = Contexts(settings.cwd)
+    contexts = Contexts(settings.cwd, settings.ipython_dir)
     ready = asyncio.Event()
 
     async def globals_(token: str | None) -> dict[str, str]:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.kernelspec import NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
+from aenv.interpreter import formatters
 from aenv.interpreter.languages import DEFAULT_CWD, kernel_spec, normalize
 
 log = logging.getLogger("aenv.interpreter")
@@ -56,10 +59,10 @@ class Context:
             self.settling = None
 
 
-async def _start(language: str, cwd: str) -> Context:
+async def _start(language: str, cwd: str, env: dict[str, str]) -> Context:
     km = AsyncKernelManager(kernel_name=kernel_spec(language))
     try:
-        await km.start_kernel(cwd=cwd)
+        await km.start_kernel(cwd=cwd, env=env)
     except NoSuchKernel:
         raise ContextError(f"Failed to create context: no kernel for language {language!r} in "
                            "this template") from None  # fmt: skip
@@ -77,14 +80,19 @@ async def _start(language: str, cwd: str) -> Context:
 
 
 class Contexts:
-    def __init__(self, cwd: str = DEFAULT_CWD) -> None:
+    def __init__(self, cwd: str = DEFAULT_CWD, ipython_dir: Path | None = None) -> None:
         self.cwd = cwd  # a context's directory unless its create names one
+        # The kernels' environment: the server's, with the IPython profile that loads the
+        # formatters (formatters.py) in the python kernels.
+        ipython_dir = ipython_dir or Path(os.environ.get("IPYTHONDIR") or "~/.ipython").expanduser()
+        formatters.write_startup(ipython_dir)
+        self._env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
         self._all: dict[str, Context] = {}  # in the order they were made
         self._default: dict[str, str] = {}  # language -> its default context's id
         self._making: dict[str, asyncio.Lock] = {}
 
     async def create(self, language: str | None, cwd: str | None) -> Context:
-        ctx = await _start(normalize(language), cwd or self.cwd)
+        ctx = await _start(normalize(language), cwd or self.cwd, self._env)
         self._all[ctx.id] = ctx
         log.info("context %s: %s in %s", ctx.id, ctx.language, ctx.cwd)
         return ctx

@@ -60,7 +60,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "aenv.interpreter", "--host", "127.0.0.1",
              "--port", str(port), "--envs-url", f"http://127.0.0.1:{envs.server_port}/envs",
-             "--cwd", str(home)],
+             "--cwd", str(home), "--ipython-dir", str(home / "ipython")],
             stdout=out, stderr=subprocess.STDOUT, cwd=Path.home())  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -204,3 +204,18 @@ def test_the_sdk_raises_on_what_the_server_refuses(sbx: Sandbox) -> None:
     with pytest.raises(SandboxException, match="500.*no kernel for language 'java'"):
         sbx.run_code("1", language="java")
     assert sbx.run_code("3", language="python").text == "3"  # the default python context
+
+
+def test_results_carry_e2b_data_charts_and_json(sbx: Sandbox) -> None:
+    """The formatters the server installs in its kernels' profile (formatters.py)."""
+    ex = sbx.run_code(
+        "class T:\n"
+        "    def _repr_e2b_data_(self): return {'a': [1, 2, 3]}\n"
+        "    def _repr_e2b_chart_(self):\n"
+        "        return {'type': 'unknown', 'title': 'made', 'elements': []}\n"
+        "    def __repr__(self): return 'T()'\n"
+        "T()")  # fmt: skip
+    r = ex.results[0]
+    assert (r.text, r.data) == ("T()", {"a": [1, 2, 3]})
+    assert r.chart is not None and r.chart.title == "made"
+    assert sbx.run_code("{'k': [1, 2], 'n': None}").results[0].json == {"k": [1, 2], "n": None}
