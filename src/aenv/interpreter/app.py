@@ -35,6 +35,7 @@ class Settings:
     envs_url: str = ENVS_URL
     cwd: str = DEFAULT_CWD  # contexts' directory unless a create names one
     ipython_dir: Path | None = None  # the kernels' IPython profile (None: ~/.ipython)
+    state_dir: Path | None = None  # where it writes kernel specs (None: contexts.STATE_DIR)
 
 
 class _Bad(Exception):
@@ -72,7 +73,7 @@ def _fetch_envs(url: str, token: str | None) -> dict[str, str]:
 
 def make_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
-    contexts = Contexts(settings.cwd, settings.ipython_dir)
+    contexts = Contexts(settings.cwd, settings.ipython_dir, settings.state_dir)
     ready = asyncio.Event()
 
     async def globals_(token: str | None) -> dict[str, str]:

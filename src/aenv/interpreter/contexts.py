@@ -17,11 +17,12 @@ from typing import Any
 from jupyter_client.kernelspec import NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
-from aenv.interpreter import formatters
+from aenv.interpreter import formatters, kernelspecs
 from aenv.interpreter.languages import DEFAULT_CWD, kernel_spec, normalize
 
 log = logging.getLogger("aenv.interpreter")
 
+STATE_DIR = Path("~/.local/share/aenv-interpreter")  # the kernel specs it writes
 START_TIMEOUT_S = 60.0  # a kernel's first kernel_info reply (a fresh JVM is the slowest)
 
 
@@ -80,10 +81,12 @@ async def _start(language: str, cwd: str, env: dict[str, str]) -> Context:
 
 
 class Contexts:
-    def __init__(self, cwd: str = DEFAULT_CWD, ipython_dir: Path | None = None) -> None:
+    def __init__(self, cwd: str = DEFAULT_CWD, ipython_dir: Path | None = None,
+                 state_dir: Path | None = None) -> None:  # fmt: skip
         self.cwd = cwd  # a context's directory unless its create names one
-        # The kernels' environment: the server's, with the IPython profile that loads the
-        # formatters (formatters.py) in the python kernels.
+        # The kernels' specs (kernelspecs.py), and their environment: the server's, with the
+        # IPython profile that loads the formatters (formatters.py) in the python kernels.
+        self.kernels = kernelspecs.install(state_dir or STATE_DIR.expanduser())
         ipython_dir = ipython_dir or Path(os.environ.get("IPYTHONDIR") or "~/.ipython").expanduser()
         formatters.write_startup(ipython_dir)
         self._env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}

@@ -8,8 +8,7 @@ import shlex
 from collections.abc import Mapping
 
 ALIASES = {"js": "javascript", "ts": "typescript"}
-# TypeScript runs on the JavaScript kernel (tslab serves both), as its own context.
-KERNEL_OF = {"python": "python3", "typescript": "javascript"}
+KERNEL_OF = {"python": "python3"}  # the others' specs are named as their languages
 DEFAULT_CWD = "/home/user"
 
 

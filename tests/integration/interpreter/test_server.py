@@ -60,7 +60,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "aenv.interpreter", "--host", "127.0.0.1",
              "--port", str(port), "--envs-url", f"http://127.0.0.1:{envs.server_port}/envs",
-             "--cwd", str(home), "--ipython-dir", str(home / "ipython")],
+             "--cwd", str(home), "--ipython-dir", str(home / "ipython"),
+             "--state-dir", str(home / "state")],
             stdout=out, stderr=subprocess.STDOUT, cwd=Path.home())  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -219,3 +220,13 @@ def test_results_carry_e2b_data_charts_and_json(sbx: Sandbox) -> None:
     assert (r.text, r.data) == ("T()", {"a": [1, 2, 3]})
     assert r.chart is not None and r.chart.title == "made"
     assert sbx.run_code("{'k': [1, 2], 'n': None}").results[0].json == {"k": [1, 2], "n": None}
+
+
+def test_bash_runs_in_its_own_context_with_the_envs(server: Server, sbx: Sandbox) -> None:
+    lines = _lines(server, {"code": "echo $((6*7)); pwd; echo $SANDBOX_VAR $RUN_ONLY",
+                            "language": "bash", "env_vars": {"RUN_ONLY": "it's here"}})
+    out = "".join(str(ln["text"]) for ln in lines if ln["type"] == "stdout")
+    assert out == f"42\n{server.home}\nfrom-the-sandbox it's here\n", lines
+    again = sbx.run_code("echo \"[$RUN_ONLY]\"", language="bash")
+    assert "".join(again.logs.stdout) == "[]\n"  # the run's own env var is gone
+    assert "bash" in [c.language for c in sbx.list_code_contexts()]
