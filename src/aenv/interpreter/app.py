@@ -76,12 +76,12 @@ def make_app(settings: Settings | None = None) -> Starlette:
     contexts = Contexts(settings.cwd, settings.ipython_dir, settings.state_dir)
     ready = asyncio.Event()
 
-    async def globals_(token: str | None) -> dict[str, str]:
+    async def globals_(token: str | None) -> dict[str, str] | None:
         try:
             return await asyncio.to_thread(_fetch_envs, settings.envs_url, token)
-        except (OSError, ValueError) as e:  # no agent (a test) or not reachable: none
+        except (OSError, ValueError) as e:  # unreachable, or refused: asked again next run
             log.warning("the sandbox's env vars from %s: %s", settings.envs_url, e)
-            return {}
+            return None
 
     async def health(request: Request) -> Response:
         if not ready.is_set():

@@ -29,7 +29,8 @@ REPLY_WAIT_S = 2.0  # for the shell's execute_reply after the kernel went idle
 ALIVE_EVERY_S = 2.0
 INTERRUPTED_WAIT_S = 10.0  # for an interrupted run to end before its kernel is restarted
 
-Globals = Callable[[str | None], Awaitable[dict[str, str]]]  # the sandbox's env vars, by token
+# The sandbox's env vars, by access token (None: not to be had now; asked again next run).
+Globals = Callable[[str | None], Awaitable[dict[str, str] | None]]
 
 
 class _Run:
@@ -143,8 +144,7 @@ async def execute(ctx: Context, code: str, envs: dict[str, str] | None, token: s
     """The lines of running `code` in `ctx`, its lock held throughout."""
     async with ctx.lock:
         await ctx.settle()
-        if ctx.globals_ is None:
-            found = await globals_(token)
+        if ctx.globals_ is None and (found := await globals_(token)) is not None:
             await silently(ctx, set_envs(ctx.language, found))
             ctx.globals_ = found
         await silently(ctx, set_envs(ctx.language, envs or {}))

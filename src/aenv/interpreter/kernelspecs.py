@@ -7,8 +7,8 @@ spec is written for each kernel whose runtime is there.
 |---|---|---|
 | `python3` | python | ipykernel, in the server's Python |
 | `bash` | bash | bash_kernel, in the server's Python |
-| `javascript` | javascript | `tslab kernel --js` (npm `tslab`) |
-| `typescript` | typescript | `tslab kernel` |
+| `javascript` | javascript | `deno jupyter --kernel` (PyPI `deno`) |
+| `typescript` | typescript | the same, its own context |
 """
 
 from __future__ import annotations
@@ -38,15 +38,18 @@ class Spec:
 
 def _specs() -> dict[str, Spec]:
     py = sys.executable
+    # Deno (PyPI `deno`: one binary beside the server's Python) runs JavaScript and TypeScript.
+    deno = shutil.which("deno", path=str(Path(py).parent)) or "deno"
+    plain = {"NO_COLOR": "1"}  # results as plain text, not ANSI-coloured
     return {
         "python3": Spec("python", [py, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                         module="ipykernel"),
         "bash": Spec("bash", [py, "-m", "bash_kernel", "-f", "{connection_file}"],
                      module="bash_kernel", env={"PS1": "$"}),
-        "javascript": Spec("javascript", ["tslab", "kernel", "--config-path",
-                                          "{connection_file}", "--js"], command="tslab"),
-        "typescript": Spec("typescript", ["tslab", "kernel", "--config-path",
-                                          "{connection_file}"], command="tslab"),
+        "javascript": Spec("javascript", [deno, "jupyter", "--kernel", "--conn",
+                                          "{connection_file}"], command=deno, env=plain),
+        "typescript": Spec("typescript", [deno, "jupyter", "--kernel", "--conn",
+                                          "{connection_file}"], command=deno, env=plain),
     }  # fmt: skip
 
 

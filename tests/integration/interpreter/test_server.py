@@ -230,3 +230,27 @@ def test_bash_runs_in_its_own_context_with_the_envs(server: Server, sbx: Sandbox
     again = sbx.run_code("echo \"[$RUN_ONLY]\"", language="bash")
     assert "".join(again.logs.stdout) == "[]\n"  # the run's own env var is gone
     assert "bash" in [c.language for c in sbx.list_code_contexts()]
+
+
+def test_javascript_and_typescript_run_on_deno(server: Server, sbx: Sandbox) -> None:
+    """What E2B's own tests ask of the js and ts kernels (e2b-dev/code-interpreter,
+    python/tests/sync/test_default_kernels.py), and the sandbox's env vars in js."""
+    assert sbx.run_code("console.log('Hello, World!')", language="js").logs.stdout == [
+        "Hello, World!\n"]
+    imported = sbx.run_code("\n    import { readFileSync } from 'fs'\n"
+                            "    console.log(typeof readFileSync)\n    ", language="js")
+    assert imported.logs.stdout == ["function\n"]
+    waited = sbx.run_code("\n    await Promise.resolve('Hello World!')\n    ", language="js")
+    assert waited.text == "Hello World!"
+    typed = sbx.run_code("const message: string = 'Hello, World!'; console.log(message)",
+                         language="ts")  # fmt: skip
+    assert typed.logs.stdout == ["Hello, World!\n"]
+    assert sbx.run_code("process.cwd()", language="ts").text == str(server.home)
+    lines = _lines(server, {"code": "[process.env.SANDBOX_VAR, process.env.RUN_ONLY]",
+                            "language": "js", "env_vars": {"RUN_ONLY": 'a "q"'}})
+    shown = [ln["text"] for ln in lines if ln["type"] == "result"]
+    assert shown == ["[ \"from-the-sandbox\", 'a \"q\"' ]"], lines
+    gone = sbx.run_code("process.env.RUN_ONLY === undefined", language="js")
+    assert gone.text == "true"
+    err = sbx.run_code("undefinedVar + 1", language="js").error
+    assert err is not None and err.name == "ReferenceError"
