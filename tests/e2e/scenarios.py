@@ -221,7 +221,7 @@ JS_DIR = Path(__file__).parent / "js"
 STAMP = JS_DIR / "node_modules" / ".aenv-lock-sha256"
 
 
-def _npm_ci() -> None:
+def npm_ci() -> None:
     want = hashlib.sha256((JS_DIR / "package-lock.json").read_bytes()).hexdigest()
     if STAMP.is_file() and STAMP.read_text().strip() == want:
         return
@@ -246,7 +246,7 @@ def e2b_cli(origin: str, api_key: str, *args: str) -> str:
     `origin`: its stdout; a failure fails the test with its output."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.fail("node and npm are needed (scripts/install-host-deps.sh installs nodejs)")
-    _npm_ci()
+    npm_ci()
     r = subprocess.run(["node", str(JS_DIR / "node_modules/@e2b/cli/dist/index.js"), *args],
                        cwd=JS_DIR, env=_js_env(origin, api_key), capture_output=True,
                        text=True, timeout=120)  # fmt: skip
@@ -259,7 +259,7 @@ def js_sdk_scenario(origin: str, api_key: str, tail: Callable[[], str]) -> None:
     `npm ci` runs once per lock file (node_modules/ is kept, keyed by the lock's hash)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.fail("node and npm are needed (scripts/install-host-deps.sh installs nodejs)")
-    _npm_ci()
+    npm_ci()
     env = _js_env(origin, api_key)
     files = sorted(p.name for p in JS_DIR.glob("*.test.mjs"))
     assert files, f"no *.test.mjs under {JS_DIR}"

@@ -6,6 +6,7 @@ vars come from a small HTTP endpoint standing for the agent's `GET /envs`."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import pytest
 from e2b.exceptions import NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
 
+from tests.e2e.scenarios import JS_DIR, npm_ci
 from tests.support.host import free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -254,3 +256,13 @@ def test_javascript_and_typescript_run_on_deno(server: Server, sbx: Sandbox) -> 
     assert gone.text == "true"
     err = sbx.run_code("undefinedVar + 1", language="js").error
     assert err is not None and err.name == "ReferenceError"
+
+
+def test_the_npm_sdk_runs_code(server: Server) -> None:
+    """`@e2b/code-interpreter` 2.8.0 (pinned in tests/e2e/js), as a JS trainer calls it."""
+    npm_ci()
+    r = subprocess.run(["node", "interpreter.mjs"], cwd=JS_DIR, capture_output=True, text=True,
+                       env={**os.environ, "URL": server.url, "NO_COLOR": "1"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"text": "2", "count": 1, "stdout": ["from js\n"],
+                                    "error": "NameError", "js": "42"}
