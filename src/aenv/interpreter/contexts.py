@@ -42,13 +42,16 @@ class Context:
     cwd: str
     km: AsyncKernelManager
     kc: Any  # its AsyncKernelClient, channels started
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one run at a time
+    # One restart at a time: a client's, or the server's of a kernel that died.
+    restarting: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Set when the kernel is restarted or removed: a run in flight ends at once.
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     # The sandbox's env vars, set in this kernel at its first run (None: not yet).
     globals_: dict[str, str] | None = None
     # What the last run left to finish before the next starts (an interrupt, an env restore).
     settling: asyncio.Task[None] | None = None
+    removed: bool = False
 
     def info(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -124,20 +127,25 @@ class Contexts:
         a run in flight ends, and the sandbox's env vars are set again at its next run."""
         ctx = self.get(context_id)
         ctx.ended.set()
-        try:
-            await ctx.km.restart_kernel(now=True)
-            await ctx.kc.wait_for_ready(timeout=START_TIMEOUT_S)
-        except RuntimeError as e:
-            raise ContextError(f"Failed to restart context {context_id}: {e}") from None
-        finally:
-            ctx.ended = asyncio.Event()
-            ctx.globals_ = None
+        async with ctx.restarting:
+            try:
+                await ctx.km.restart_kernel(now=True)
+                await ctx.kc.wait_for_ready(timeout=START_TIMEOUT_S)
+            except RuntimeError as e:
+                raise ContextError(f"Failed to restart context {context_id}: {e}") from None
+            finally:
+                ctx.ended = asyncio.Event()
+                ctx.globals_ = None
 
     async def remove(self, context_id: str) -> None:
+        """Its run in flight ends first (its channels closed under it would cancel it)."""
         ctx = self.get(context_id)
         del self._all[context_id]
+        ctx.removed = True
         ctx.ended.set()
-        await _stop(ctx)
+        async with ctx.lock:
+            await ctx.settle()
+            await _stop(ctx)
 
     async def close(self) -> None:
         for ctx in list(self._all.values()):

@@ -28,6 +28,10 @@ POLL_S = 0.25  # how often a silent wait looks at the context's end and the kern
 REPLY_WAIT_S = 2.0  # for the shell's execute_reply after the kernel went idle
 ALIVE_EVERY_S = 2.0
 INTERRUPTED_WAIT_S = 10.0  # for an interrupted run to end before its kernel is restarted
+# Deno's kernel may publish a run's output (what it printed, from a pipe of its own, and at
+# times its result) after the run's idle: its lines are taken until this long passes
+# without one.
+LATE_OUTPUT_S = {"javascript": 0.15, "typescript": 0.15}
 
 # The sandbox's env vars, by access token (None: not to be had now; asked again next run).
 Globals = Callable[[str | None], Awaitable[dict[str, str] | None]]
@@ -78,13 +82,19 @@ async def _lines(ctx: Context, run: _Run, ended: asyncio.Event,
         try:
             msg = await ctx.kc.get_iopub_msg(timeout=POLL_S)
         except Empty:
+            msg = None
+        except Exception:
+            if ended.is_set():
+                continue  # its channels closed under it (removed): the check above ends it
+            raise
+        if msg is None:
             now = time.monotonic()
             if keepalive and now - quiet_since >= KEEPALIVE_S:
                 quiet_since = now
                 yield results.KEEPALIVE
             if now - alive_at >= ALIVE_EVERY_S:
                 alive_at = now
-                if not await ctx.km.is_alive():
+                if not ended.is_set() and not await ctx.km.is_alive():
                     yield await _died(ctx)
                     return
             continue
@@ -94,15 +104,33 @@ async def _lines(ctx: Context, run: _Run, ended: asyncio.Event,
         if line is not None:
             quiet_since = time.monotonic()
             yield line
+    if run.done and (late := LATE_OUTPUT_S.get(ctx.language)):
+        async for line in _late(ctx, run, late):
+            yield line
+
+
+async def _late(ctx: Context, run: _Run, quiet_s: float) -> AsyncIterator[dict[str, Any]]:
+    """A run's output published after its idle, until `quiet_s` passes without any."""
+    deadline = time.monotonic() + 10 * quiet_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            msg = await ctx.kc.get_iopub_msg(timeout=min(quiet_s, left))
+        except Empty:
+            return
+        if msg.get("parent_header", {}).get("msg_id") == run.msg_id and \
+                (line := run.take(msg)) is not None:  # fmt: skip
+            yield line
 
 
 async def _died(ctx: Context) -> dict[str, Any]:
     """A kernel that died mid-run (os._exit, the OOM killer): a fresh one takes its place."""
-    log.warning("context %s: its kernel died; restarting it", ctx.id)
-    with contextlib.suppress(Exception):
-        await ctx.km.restart_kernel(now=True)
-        await ctx.kc.wait_for_ready(timeout=60)
-    ctx.globals_ = None
+    async with ctx.restarting:
+        if not await ctx.km.is_alive():  # not a client's restart, just done
+            log.warning("context %s: its kernel died; restarting it", ctx.id)
+            with contextlib.suppress(Exception):
+                await ctx.km.restart_kernel(now=True)
+                await ctx.kc.wait_for_ready(timeout=60)
+            ctx.globals_ = None
     return results.error("KernelDied", "The context's kernel died and was restarted: its "
                          "state is gone", "")  # fmt: skip
 
@@ -143,6 +171,10 @@ async def execute(ctx: Context, code: str, envs: dict[str, str] | None, token: s
                   globals_: Globals) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
     """The lines of running `code` in `ctx`, its lock held throughout."""
     async with ctx.lock:
+        if ctx.removed:  # removed while this run waited for it
+            yield results.error("ContextRestarting", "Context was removed", "")
+            yield results.END
+            return
         await ctx.settle()
         if ctx.globals_ is None and (found := await globals_(token)) is not None:
             await silently(ctx, set_envs(ctx.language, found))
@@ -179,8 +211,9 @@ async def _after(ctx: Context, run: _Run, names: list[str], *, interrupt: bool) 
                 await _reply(ctx, run)
         except TimeoutError:
             log.warning("context %s: its kernel ignored the interrupt; restarting it", ctx.id)
-            await ctx.km.restart_kernel(now=True)
-            await ctx.kc.wait_for_ready(timeout=60)
+            async with ctx.restarting:
+                await ctx.km.restart_kernel(now=True)
+                await ctx.kc.wait_for_ready(timeout=60)
             ctx.globals_ = None
             return
     if names:

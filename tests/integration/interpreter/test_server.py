@@ -266,3 +266,23 @@ def test_the_npm_sdk_runs_code(server: Server) -> None:
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"text": "2", "count": 1, "stdout": ["from js\n"],
                                     "error": "NameError", "js": "42"}
+
+
+def test_a_context_removed_or_restarted_mid_run_ends_that_run(server: Server,
+                                                              sbx: Sandbox) -> None:  # fmt: skip
+    for change in ("restart", "remove"):
+        ctx = sbx.create_code_context()
+        got: list[list[dict[str, object]]] = []
+        t = threading.Thread(target=lambda c=ctx, g=got: g.append(  # type: ignore[misc]
+            _lines(server, {"code": "import time; time.sleep(60)", "context_id": c.id})))
+        t.start()
+        time.sleep(2)
+        if change == "restart":
+            sbx.restart_code_context(ctx)
+        else:
+            sbx.remove_code_context(ctx)
+        t.join(30)
+        assert not t.is_alive() and got, change
+        errors = [ln["name"] for ln in got[0] if ln["type"] == "error"]
+        assert errors == ["ContextRestarting"] and got[0][-1]["type"] == "end_of_execution"
+    assert sbx.run_code("5").text == "5"
