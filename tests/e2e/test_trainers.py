@@ -64,7 +64,8 @@ def debian(seeded: Seeded) -> str:
 def _harbor_task(root: Path, image: str, separate: bool = False) -> Path:
     """Harbor's task: the greeting copied to /app/answer.txt. `separate`: the verifier runs
     in a sandbox of its own (a fresh copy of the environment), the answer reaching it as an
-    artifact; it checks it got a fresh copy (no /app/answer.txt there)."""
+    artifact (Harbor 0.26 puts it back at its source path); it checks it got a fresh copy:
+    a file the agent left beside the answer, not an artifact, is not there."""
     task = root / ("greeting-separate" if separate else "greeting")
     for d in ("environment", "solution", "tests"):
         (task / d).mkdir(parents=True)
@@ -77,15 +78,15 @@ def _harbor_task(root: Path, image: str, separate: bool = False) -> Path:
         + '[agent]\ntimeout_sec = 600.0\n[verifier]\ntimeout_sec = 600.0\n'
         + ('environment_mode = "separate"\n' if separate else "")
         + "[environment]\nbuild_timeout_sec = 1800.0\ncpus = 1\nmemory_mb = 512\n")
-    answer = "/logs/artifacts/answer.txt" if separate else "/app/answer.txt"
-    fresh = " && [ ! -e /app/answer.txt ]" if separate else ""
+    fresh = " && [ ! -e /app/agent-only.txt ]" if separate else ""
     (task / "environment/data.txt").write_text("hello from the context\n")
     (task / "environment/Dockerfile").write_text(
         f"FROM {image}\nENV GREETING=hello\nWORKDIR /app\nCOPY data.txt /app/data.txt\n"
         "RUN echo built > /app/built.txt\n")
     for path, body in (
-        ("solution/solve.sh", "cat /app/data.txt > /app/answer.txt\n"),
-        ("tests/test.sh", f'mkdir -p /logs/verifier\nif [ "$(cat {answer})" = '
+        ("solution/solve.sh", "cat /app/data.txt > /app/answer.txt\n"
+                              "touch /app/agent-only.txt\n"),
+        ("tests/test.sh", 'mkdir -p /logs/verifier\nif [ "$(cat /app/answer.txt)" = '
                           '"hello from the context" ] && [ "$GREETING" = hello ] && '
                           f'[ -f /app/built.txt ]{fresh}; then echo 1; else echo 0; fi '
                           "> /logs/verifier/reward.txt\n"),
