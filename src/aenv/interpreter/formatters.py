@@ -57,23 +57,19 @@ def install(ip: Any) -> None:
     from IPython.core.formatters import BaseFormatter, JSONFormatter
     from traitlets import ObjectName, Unicode
 
-    class DataFormatter(BaseFormatter):  # type: ignore[misc]
-        format_type = Unicode("e2b/data")
-        print_method = ObjectName("_repr_e2b_data_")
-        _return_type = (dict, str)
+    def e2b(mime: str, method: str, find: Any) -> Any:
+        """A formatter of `mime`: what `find` makes of an object, else its `method`."""
 
-        def __call__(self, obj: Any) -> Any:
-            found = _data(obj)
-            return found if found is not None else super().__call__(obj)
+        class Formatter(BaseFormatter):  # type: ignore[misc]
+            format_type = Unicode(mime)
+            print_method = ObjectName(method)
+            _return_type = (dict, str)
 
-    class ChartFormatter(BaseFormatter):  # type: ignore[misc]
-        format_type = Unicode("e2b/chart")
-        print_method = ObjectName("_repr_e2b_chart_")
-        _return_type = (dict, str)
+            def __call__(self, obj: Any) -> Any:
+                found = find(obj)
+                return found if found is not None else super().__call__(obj)
 
-        def __call__(self, obj: Any) -> Any:
-            found = _chart(obj)
-            return found if found is not None else super().__call__(obj)
+        return Formatter(parent=ip.display_formatter)
 
     class ListsAsJson(JSONFormatter):  # type: ignore[misc]
         def __call__(self, obj: Any) -> Any:
@@ -85,8 +81,8 @@ def install(ip: Any) -> None:
             return super().__call__(obj)
 
     formatters = ip.display_formatter.formatters
-    formatters["e2b/data"] = DataFormatter(parent=ip.display_formatter)
-    formatters["e2b/chart"] = ChartFormatter(parent=ip.display_formatter)
+    formatters["e2b/data"] = e2b("e2b/data", "_repr_e2b_data_", _data)
+    formatters["e2b/chart"] = e2b("e2b/chart", "_repr_e2b_chart_", _chart)
     formatters["application/json"] = ListsAsJson(parent=ip.display_formatter)
     _pil_shows_itself()
 
