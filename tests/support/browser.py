@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,9 +47,25 @@ def browser_fixture() -> Iterator[Browser]:
 def page_fixture(browser: Browser) -> Iterator[Page]:
     """A page in a context of its own (no storage shared with other tests)."""
     context = browser.new_context(viewport=SIZE)  # type: ignore[arg-type]
+    page = context.new_page()
+    # What the page met, printed at teardown (pytest shows it when the test failed): a
+    # script that did not load or threw leaves a page that waits for nothing.
+    seen: list[str] = []
+    start = time.monotonic()
+
+    def note(what: str) -> None:
+        seen.append(f"{time.monotonic() - start:7.2f}s {what}")
+
+    page.on("console", lambda m: note(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: note(f"error: {e}"))
+    page.on("crash", lambda _: note("the page crashed"))
+    page.on("load", lambda _: note(f"loaded {page.url}"))
+    page.on("requestfailed", lambda r: note(f"failed: {r.method} {r.url} {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and note(f"{r.status}: {r.url}"))
     try:
-        yield context.new_page()
+        yield page
     finally:
+        print("the page met:", *seen or ["nothing of note"], sep="\n  ")
         context.close()
 
 
