@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The cases too slow for CI (docs/testing.md, "Long tests"): every test marked `long`, then the
-# E2B SDK's own sandbox and template suites against nodes of this checkout. Run before an
-# issue is resolved. The SDK suites need a clone or mirror of github.com/e2b-dev/E2B:
-# AENV_E2B_REPO (default: the session mirror /work/.mirror/e2b-dev+E2B/repo).
+# E2B SDK's own sandbox and template suites and the code interpreter's against nodes of this
+# checkout. Run before an issue is resolved. The SDK suites need a clone or mirror of
+# github.com/e2b-dev/E2B: AENV_E2B_REPO (default: the session mirror
+# /work/.mirror/e2b-dev+E2B/repo); the interpreter's, of github.com/e2b-dev/code-interpreter:
+# AENV_CODE_INTERPRETER_REPO (default /work/.mirror/e2b-dev+code-interpreter/repo).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/suite.sh
 repo=${AENV_E2B_REPO:-/work/.mirror/e2b-dev+E2B/repo}
+ci_repo=${AENV_CODE_INTERPRETER_REPO:-/work/.mirror/e2b-dev+code-interpreter/repo}
 sdk_suite() {  # SCRIPT [ARGS]: one of the SDK suite runners, against the repository
   if [ ! -d "$repo" ]; then
     echo "no E2B repository at $repo: set AENV_E2B_REPO to a clone of github.com/e2b-dev/E2B"
@@ -14,6 +17,13 @@ sdk_suite() {  # SCRIPT [ARGS]: one of the SDK suite runners, against the reposi
   fi
   local script=$1; shift
   bash "scripts/$script" "$repo" "$@"
+}
+interpreter_suite() {  # code-interpreter-v1 (made if missing), then E2B's own tests of it
+  if [ ! -d "$ci_repo" ]; then
+    echo "no code-interpreter repository at $ci_repo: set AENV_CODE_INTERPRETER_REPO"
+    return 1
+  fi
+  .venv/bin/aenv setup -t code-interpreter-v1 && bash scripts/interpreter-tests.sh "$ci_repo"
 }
 census_baseline
 
@@ -29,6 +39,8 @@ phase rl-tree       .venv/bin/python bench/rl_checkpoints.py
 # build their URLs from it; docs/testing.md).
 phase sdk-sandbox   sdk_suite sdk-tests.sh -- --tls
 phase sdk-templates sdk_suite sdk-template-tests.sh
+# E2B's code interpreter Python tests, but R and Java (tests/sdk_compat/interpreter_suite.py).
+phase interpreter   interpreter_suite
 phase leaks         leak_check
 slowest_report
 phase_report "test-long phase"

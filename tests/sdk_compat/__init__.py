@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -61,3 +62,14 @@ def run_suite(sdk: Path, work: Path, paths: list[str], pytest_args: list[str], *
             node.stop()
             census.release(instance)
             print(f"server log: {work / 'server.log'}")
+
+
+def suite_main(argv: list[str], doc: str | None, paths: list[str], args: list[str]) -> int:
+    """A runner's `main`: `DIR [--tls] [PYTEST ARGS]`, `args` before the caller's."""
+    if not argv:
+        print(doc, file=sys.stderr)
+        return 2
+    rest = argv[1:]
+    work = Path(tempfile.mkdtemp(prefix="aenv-sdk-suite-"))
+    return run_suite(Path(argv[0]).resolve(), work, paths,
+                     [*args, *(a for a in rest if a != "--tls")], tls="--tls" in rest)

@@ -13,10 +13,8 @@ of its own (run_suite); without, E2B_API_URL, E2B_SANDBOX_URL and E2B_VOLUME_API
 from __future__ import annotations
 
 import sys
-import tempfile
-from pathlib import Path
 
-from tests.sdk_compat import run_suite
+from tests.sdk_compat import suite_main
 
 SUITES = ("sync", "async")
 # Not run: the template tests (template_suite.py), and those that need the internet or an
@@ -26,15 +24,7 @@ IGNORED = ("*/template_sync/*", "*/template_async/*", "*/test_network.py",
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    work = Path(tempfile.mkdtemp(prefix="aenv-sdk-suite-"))
-    rest = argv[1:]
-    tls = "--tls" in rest
-    return run_suite(Path(argv[0]).resolve(), work, list(SUITES),
-                     [*(f"--ignore-glob={g}" for g in IGNORED),
-                      *(a for a in rest if a != "--tls")], tls=tls)  # fmt: skip
+    return suite_main(argv, __doc__, list(SUITES), [f"--ignore-glob={g}" for g in IGNORED])
 
 
 if __name__ == "__main__":

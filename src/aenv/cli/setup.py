@@ -14,10 +14,10 @@ import typer
 
 from aenv import config as config_mod
 from aenv.cli.output import build_progress
-from aenv.images import bases
+from aenv.images import bases, recipes
 from aenv.images.registry import RegistryError
 from aenv.machines.runtime import Runtime
-from aenv.orchestrator.builder import BuildError, build_template, kernel_path
+from aenv.orchestrator.builder import BuildError, kernel_path
 from aenv.orchestrator.reclaim import reclaim_runtime
 from aenv.storage import datafs
 from aenv.storage.datafs import DataFsError
@@ -87,7 +87,7 @@ async def _setup(templates: list[str], force: bool, minimal_base: bool,
             if name == bases.FAMILIAR and not recipe:
                 await _base(cfg, minimal_base, defer_base, force, say)
                 continue
-            await _in_runtime(cfg, lambda rt, n=name, r=recipe: build_template(
+            await _in_runtime(cfg, lambda rt, n=name, r=recipe: recipes.build(
                 rt, n, r or n, progress=say, force=force))  # fmt: skip
     finally:
         stop()

@@ -162,7 +162,8 @@ def build(
         "--file", "-f", help="Build this Dockerfile through the node's E2B build API (no root "
         "needed; the log streams; Ctrl-C cancels).", show_default=False)] = None,
     recipe: Annotated[str, typer.Option(
-        "--recipe", "-r", help="Built-in rootfs recipe: debian or busybox.")] = "debian",
+        "--recipe", "-r", help="Built-in recipe: debian, familiar, busybox, code-interpreter-v1, "
+        "code-interpreter-minimal (docs/templates.md).")] = "debian",
     source: Annotated[Path | None, typer.Option(
         "--from", help="Build from this root filesystem: a directory or a tarball "
         "(.tar, .tar.gz, ...) instead of a recipe.", show_default=False)] = None,
@@ -185,10 +186,13 @@ def build(
         raise CliError("a build context goes with -f Dockerfile")
 
     async def make(rt: Any, shape: Any, say: Callable[[str], None]) -> Any:
+        from aenv.images import recipes
         from aenv.orchestrator.builder import build_template
 
         if source is None:
-            return await build_template(rt, name, recipe, shape, progress=say, force=force)
+            # No --cpu, --memory or --disk: the recipe's own shape (else the node's default).
+            given = shape if (cpu, memory, disk) != (None, None, None) else None
+            return await recipes.build(rt, name, recipe, given, progress=say, force=force)
         with _source_tree(source.expanduser().resolve(), rt.cfg.templates_dir) as (root, tag):
             return await build_template(rt, name, tag, shape, progress=say, source=root,
                                         force=force)  # fmt: skip

@@ -72,12 +72,13 @@ async def settle(agent: BuildAgent, say: Callable[[str], None]) -> None:
 
 
 async def with_start_cmd(rt: Any, template: Any, start_cmd: str, ready_cmd: str | None,
-                         say: Callable[[str], None]) -> Any:
-    """`template` (a catalog entry) snapshotted again with `start_cmd` running; the snapshot
-    it had goes (sandboxes made from it keep their reflinked files)."""
+                         say: Callable[[str], None], user: str | None = None) -> Any:
+    """`template` (a catalog entry) snapshotted again with `start_cmd` running (as `user`,
+    else the template's); the snapshot it had goes (sandboxes made from it keep their
+    reflinked files)."""
     from aenv.machines.api import AgentInit
 
-    state = StepState(dict(template.env), template.user or "user",
+    state = StepState(dict(template.env), user or template.user or "user",
                       template.workdir or "/home/user")  # fmt: skip
     vm, token = f"start-{secrets.token_hex(4)}", secrets.token_hex(16)
     init = AgentInit(access_token=token, env_vars=dict(state.env), default_user=state.user,
@@ -88,6 +89,7 @@ async def with_start_cmd(rt: Any, template: Any, start_cmd: str, ready_cmd: str 
         agent = BuildAgent(handle.url(), token)
         try:
             await start_and_wait(agent, start_cmd, ready_cmd, state, say)
+            await settle(agent, say)  # the page cache of what it read stays out of the snapshot
         finally:
             await agent.close()
         await rt.snapshot_build(vm, snap, template.name)

@@ -25,11 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state-dir", type=Path, default=None,
                    help="where it writes its kernel specs (default "
                    "~/.local/share/aenv-interpreter)")
+    p.add_argument("--preload", default="",
+                   help="python code run silently in the default python context before it "
+                   "reports healthy (imports a snapshot then keeps)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     languages = tuple(x.strip() for x in args.languages.split(",") if x.strip())
     app = make_app(Settings(languages=languages, envs_url=args.envs_url, cwd=args.cwd,
-                            ipython_dir=args.ipython_dir, state_dir=args.state_dir))
+                            ipython_dir=args.ipython_dir, state_dir=args.state_dir,
+                            preload=args.preload))
     # Keep-alive past any client pool's idle timeout; no access log (each run is a line).
     uvicorn.run(app, host=args.host, port=args.port, timeout_keep_alive=640, access_log=False)
 

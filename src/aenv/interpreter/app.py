@@ -36,6 +36,9 @@ class Settings:
     cwd: str = DEFAULT_CWD  # contexts' directory unless a create names one
     ipython_dir: Path | None = None  # the kernels' IPython profile (None: ~/.ipython)
     state_dir: Path | None = None  # where it writes kernel specs (None: contexts.STATE_DIR)
+    # Run silently in the default python context before it is healthy: a template snapshots
+    # it with its heavy libraries imported, so a first `import pandas` costs nothing.
+    preload: str = ""
 
 
 class _Bad(Exception):
@@ -144,7 +147,9 @@ def make_app(settings: Settings | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for language in settings.languages:
-            await contexts.default(language)  # a failure stops the server: not healthy
+            ctx = await contexts.default(language)  # a failure stops the server: not healthy
+            if ctx.language == "python" and settings.preload:
+                await execution.silently(ctx, settings.preload)
         ready.set()
         try:
             yield

@@ -24,13 +24,12 @@ from aenv.machines.machine import kernel_cmdline
 from aenv.machines.runtime import Runtime
 from aenv.storage import rootfs
 from aenv.storage.kernel import ensure_kernel
+from aenv.storage.recipes import RECIPES
 from aenv.storage.snapshots import Manifest, SnapshotNotFound, now_rfc3339
 from aenv.storage.templates import Template, TemplateMissing
 from aenv.storage.tools import ensure_tools
 
 log = logging.getLogger(__name__)
-# Bump a recipe's version when its output changes: its cached rootfs images go stale.
-RECIPE_VERSIONS = {"debian": "2", "familiar": "1", "busybox": "2"}  # debian 2: `python`
 
 
 class BuildError(Exception):
@@ -55,9 +54,10 @@ def build_rootfs(cfg: Config, name: str, recipe: str, disk_mib: int,
                  fill: Callable[[Path], None] | None = None) -> Path:
     """The template's raw ext4 image, cached by recipe (+ source dir) and disk size. `fill`
     makes the tree itself (an image unpacked in place: `recipe` then names its digest)."""
-    if recipe not in rootfs.RECIPES and source is None and fill is None:
-        raise BuildError(f"unknown recipe {recipe!r} (known: {', '.join(rootfs.RECIPES)})")
-    tag = f"{recipe}:{RECIPE_VERSIONS.get(recipe)}:{disk_mib}:{source}"
+    known = RECIPES.get(recipe)
+    if known is None and source is None and fill is None:
+        raise BuildError(f"unknown recipe {recipe!r} (known: {', '.join(RECIPES)})")
+    tag = f"{recipe}:{known.version if known else None}:{disk_mib}:{source}"
     key = hashlib.sha256(tag.encode()).hexdigest()
     image = cfg.templates_dir / name / f"rootfs-{key[:12]}.ext4"
     if image.exists():
@@ -73,7 +73,8 @@ def build_rootfs(cfg: Config, name: str, recipe: str, disk_mib: int,
             shutil.copytree(source, root, symlinks=True)
         else:
             root.mkdir()
-            rootfs.RECIPES[recipe](root, logf, progress)
+            assert known is not None
+            known.make(root, logf, progress)
         progress(f"making {disk_mib} MiB ext4 image")
         staged = Path(tmp, "rootfs.ext4")
         rootfs.make_ext4(root, staged, disk_mib, logf)

@@ -40,6 +40,7 @@ from aenv.orchestrator.requests import (
 )
 from aenv.orchestrator.states import HOLDS_CAPACITY, SandboxState
 from aenv.orchestrator.store import SandboxRecord
+from aenv.storage.recipes import RECIPES
 from aenv.teams import names
 from aenv.teams.model import DEFAULT_TEAM
 
@@ -133,6 +134,10 @@ class Forking:
             on_its_way = self.pending.find(names.candidates(name, team_id) if team_id
                                            else [name])  # fmt: skip
             if on_its_way is None:
+                if name in RECIPES:  # a template aenv makes, not made here (yet)
+                    raise TemplateNotFound(
+                        f"template '{name}' is not built on this node: `aenv setup -t {name}` "
+                        f"builds it (docs/templates.md)") from None
                 if self.images is None or not self.images.is_image(name):
                     raise
                 # No template of that name: an image reference, pulled on demand.

@@ -130,13 +130,6 @@ def _add_user(root: Path) -> None:
         f.chmod(0o440)
 
 
-RECIPES: dict[str, Callable[[Path, Path, Callable[[str], None]], None]] = {
-    "debian": debian,
-    "familiar": familiar,
-    "busybox": busybox,
-}
-
-
 def make_ext4(root: Path, image: Path, size_mib: int, log_file: Path) -> None:
     """A sparse raw ext4 image of size_mib holding root's tree (mkfs.ext4 -d, no mount)."""
     with open(image, "wb") as f:
