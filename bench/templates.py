@@ -3,7 +3,8 @@ latency, first and second `run_code` (or command) latency, and an idle sandbox's
 
 Run as root after `aenv setup`:  .venv/bin/python bench/templates.py [--build] [TEMPLATE...]
 (default: base code-interpreter-minimal code-interpreter-v1; a template not built is left
-out, unless --build builds it with `aenv template build --recipe`, timed, with --force).
+out, unless --build builds it with `aenv template build --recipe`, timed, with --force; a
+template the bench built is removed after unless --keep).
 The build time is the template's own (root filesystem, boot, snapshot, start command), read
 from the build when --build is given. Idle memory: the sandbox's QEMU PSS and its guest RAM
 mapping's PSS, 10 s after its first answer (bench/density.py's `held`).
@@ -66,11 +67,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("templates", nargs="*", default=list(DEFAULT))
     p.add_argument("--build", action="store_true")
+    p.add_argument("--keep", action="store_true")
     args = p.parse_args()
-    built = {n: build(n) for n in args.templates if args.build and n in RECIPES}
     rows = []
     with bench_node() as api:
         names = {t["templateID"] for t in api.c.get("/templates").json()}
+        built = {n: build(n) for n in args.templates if args.build and n in RECIPES}
+        made = [n for n in built if n not in names]
+        names |= set(built)
         for name in args.templates:
             if name not in names:
                 print(f"{name}: not built (`aenv setup -t {name}`): left out")
@@ -87,6 +91,8 @@ def main() -> None:
             rows.append([name, mib(rootfs_bytes(api, name)),
                          f"{built[name]:.0f} s" if name in built else "-", ms(create),
                          ms(first), ms(second), mib(h.pss), mib(h.ram_pss)])  # fmt: skip
+        for n in [] if args.keep else made:
+            api.c.delete(f"/templates/{n}")
     table("template", ["rootfs", "build", "create", "1st answer", "2nd answer", "idle PSS",
                        "of it guest RAM"], rows)  # fmt: skip
 

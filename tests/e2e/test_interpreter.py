@@ -6,6 +6,7 @@ upstream suite are `make test-long`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import pytest
 from e2b.exceptions import SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
 
-from tests.e2e.conftest import DATA_DIR, NodeProcess, running_node
+from tests.e2e.conftest import API_KEY, DATA_DIR, NodeProcess, running_node
+from tests.e2e.scenarios import JS_DIR, npm_ci
 
 pytestmark = pytest.mark.timeout(600)
 NAME = "ci-interpreter"
@@ -117,6 +119,18 @@ def test_port_49999_needs_the_traffic_token_when_traffic_is_not_public(node: Nod
         assert r.status_code == 403, r.text
     finally:
         s.kill()
+
+
+def test_the_npm_sdk_runs_code_in_a_sandbox(node: NodeProcess) -> None:
+    """`@e2b/code-interpreter` 2.8.0 (pinned in tests/e2e/js) against the node."""
+    npm_ci()
+    env = {**os.environ, "TEMPLATE": NAME, "E2B_API_URL": node.origin,
+           "E2B_SANDBOX_URL": node.origin, "E2B_API_KEY": API_KEY, "NO_COLOR": "1"}  # fmt: skip
+    r = subprocess.run(["node", "interpreter.mjs"], cwd=JS_DIR, capture_output=True, text=True,
+                       env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"text": "2", "count": 1, "stdout": ["from js\n"],
+                                    "error": "NameError", "js": None}
 
 
 def test_a_recipe_not_built_here_names_the_command_that_builds_it(node: NodeProcess) -> None:

@@ -262,7 +262,8 @@ def test_the_npm_sdk_runs_code(server: Server) -> None:
     """`@e2b/code-interpreter` 2.8.0 (pinned in tests/e2e/js), as a JS trainer calls it."""
     npm_ci()
     r = subprocess.run(["node", "interpreter.mjs"], cwd=JS_DIR, capture_output=True, text=True,
-                       env={**os.environ, "URL": server.url, "NO_COLOR": "1"}, timeout=120)
+                       env={**os.environ, "URL": server.url, "JS": "1", "NO_COLOR": "1"},
+                       timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"text": "2", "count": 1, "stdout": ["from js\n"],
                                     "error": "NameError", "js": "42"}
