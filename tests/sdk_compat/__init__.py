@@ -35,6 +35,10 @@ def run_suite(sdk: Path, work: Path, paths: list[str], pytest_args: list[str], *
             *[str(sdk / "tests" / p) for p in paths], *pytest_args]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env["E2B_API_KEY"] = API_KEY  # and no E2B_DEBUG: debug mode skips the control plane
+    # This folder's plugins (`-p aenv_deselect`) by a top-level name: the suites' own tests
+    # are a package `tests` too.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                      env.get("PYTHONPATH")]))  # fmt: skip
     with contextlib.ExitStack() as stack:
         # The pools as a node has them by default (the e2e suite's nodes have no primed
         # pool: it would add to the VMs those tests count).
