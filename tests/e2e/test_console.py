@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import tarfile
 import time
@@ -21,11 +22,13 @@ from e2b import Sandbox, SandboxState
 from playwright.sync_api import Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from aenv.config import Config
 from tests.e2e.conftest import API_KEY, NodeProcess, free_port, running_node
 from tests.support.browser import (  # noqa: F401
     act,
     browser_fixture,
     log_in,
+    open_console,
     page_fixture,
     row,
     screenshot,
@@ -48,7 +51,22 @@ class Console:
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     port = free_port()
     with running_node(tmp_path_factory.mktemp("node"), AENV_CONSOLE_PORT=str(port)) as n:
+        _pool_filled(n)
         yield Console(n, f"http://127.0.0.1:{port}")
+
+
+def _pool_filled(n: NodeProcess, deadline_s: float = 90) -> None:
+    """Until the node's warm pool is full: filling it adds interfaces to the host, and
+    Chromium aborts page loads when they change (`open_console`)."""
+    want = Config.model_fields["warm_pool_size"].default
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        m = re.search(r'^aenv_pooled_vms\{kind="warm_pool"\} (\S+)$',
+                      httpx.get(n.origin + "/metrics", timeout=10).text, re.M)  # fmt: skip
+        if m and float(m.group(1)) >= want:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the node's warm pool did not fill in {deadline_s:.0f} s")
 
 
 @pytest.fixture
@@ -79,7 +97,7 @@ def team_key(c: Console, admin: bool = False) -> Iterator[tuple[str, str]]:
 
 
 def test_a_wrong_key_and_a_key_revoked_mid_session(console: Console, page: Page) -> None:
-    page.goto(console.origin + "/")
+    open_console(page, console.origin + "/")
     page.fill("#key", "not-a-key")
     page.press("#key", "Enter")
     expect(page.locator("#login-message")).to_have_text("That key was refused: Invalid API key.")

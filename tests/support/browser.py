@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, Request, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("AENV_ARTIFACTS") or Path(__file__).parents[1] / "artifacts")
@@ -85,9 +86,35 @@ def scrolls_sideways(page: Page, width: int = 800) -> bool:
         "document.documentElement.scrollWidth > document.documentElement.clientWidth"))
 
 
+def open_console(page: Page, url: str, attempts: int = 3) -> None:
+    """`page.goto(url)` until the console's script has drawn its page. Chromium aborts the
+    loads in flight whenever any interface of the host changes (net::ERR_NETWORK_CHANGED),
+    and a node adds and removes interfaces for its sandboxes and pools: a load it aborted is
+    made again, nothing else is."""
+    changed: list[str] = []
+
+    def note(r: Request) -> None:
+        if "ERR_NETWORK_CHANGED" in (r.failure or ""):
+            changed.append(r.url)
+
+    for attempt in range(attempts):
+        changed.clear()
+        page.on("requestfailed", note)
+        try:
+            page.goto(url)
+            page.wait_for_selector("#main > *", timeout=15_000)
+            return
+        except PlaywrightTimeout:
+            if not changed or attempt == attempts - 1:
+                raise
+            print(f"the host's network changed under {', '.join(changed)}: loading {url} again")
+        finally:
+            page.remove_listener("requestfailed", note)
+
+
 def log_in(page: Page, console: str, key: str) -> None:
     """Opens the console at its login and logs in with `key` (which must be taken)."""
-    page.goto(console + "/")
+    open_console(page, console + "/")
     page.fill("#key", key)
     page.press("#key", "Enter")
     page.wait_for_selector("#nav:not([hidden])")
