@@ -8,6 +8,7 @@ the host, and for some a start command running in the template's snapshot.
 | `busybox` | a static busybox alone | node default |
 | `code-interpreter-v1` | E2B's code interpreter, its kernels warm | 2 vCPU, 2 GiB |
 | `code-interpreter-minimal` | the same with the python kernel only | node default |
+| `desktop` | E2B's desktop: Xvfb, xfce4, noVNC, Firefox; the desktop running | 2 vCPU, 2 GiB |
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.config import MachineShape
-from aenv.storage import interpreter_tree, rootfs
+from aenv.storage import desktop_tree, interpreter_tree, rootfs
 
 Make = Callable[[Path, Path, Callable[[str], None]], None]
 
@@ -47,4 +48,7 @@ RECIPES: dict[str, Recipe] = {
     "code-interpreter-v1": _interpreter(interpreter_tree.full,
                                         MachineShape(vcpus=2, memory_mib=2048)),
     "code-interpreter-minimal": _interpreter(interpreter_tree.minimal, None),
+    "desktop": Recipe(desktop_tree.make, desktop_tree.version(), desktop_tree.START,
+                      desktop_tree.READY, start_user="user",
+                      shape=MachineShape(vcpus=2, memory_mib=2048)),
 }

@@ -21,6 +21,9 @@ def test_the_add_on_recipes_start_their_server_and_say_when_it_is_ready() -> Non
     assert RECIPES["code-interpreter-v1"].shape is not None
     assert RECIPES["code-interpreter-v1"].shape.memory_mib == 2048
     assert all(RECIPES[n].start_cmd is None for n in ("debian", "familiar", "busybox"))
+    desktop = RECIPES["desktop"]
+    assert desktop.start_user == "user" and desktop.ready_cmd is not None
+    assert "xfce4-session" in desktop.ready_cmd
 
 
 def test_the_interpreters_version_follows_its_sources(
