@@ -343,7 +343,7 @@ def test_a_fork_on_a_full_node_starts_its_children_on_another(cluster: Cluster) 
         for k in kids:
             child = Sandbox.connect(k, timeout=300)
             assert child.commands.run("cat /home/user/f").stdout == "forked\n"
-            assert child.commands.run("grep -lx sleep /proc/[0-9]*/comm").stdout.strip()
+            assert child.commands.run("pgrep -x sleep").stdout.strip()
             child.commands.run(f"echo {k} > /home/user/f")  # each child is its own
             child.commands.run(f"echo from-n1 > /mnt/v/{k}")  # the volume is everyone's
         assert src.commands.run("cat /home/user/f").stdout == "forked\n"
@@ -416,7 +416,7 @@ def test_a_snapshot_or_template_of_a_full_node_creates_on_its_peer_then_from_the
         assert cluster.get(f"bindings/{a.sandbox_id}")["node"] == "n1"  # type: ignore[index]
         assert a.commands.run("cat /home/user/f").stdout == "one\n"
         # Its memory came too: the process the source ran runs here.
-        assert a.commands.run("grep -lx sleep /proc/[0-9]*/comm").stdout.strip()
+        assert a.commands.run("pgrep -x sleep").stdout.strip()
         assert "peer:n0" in _fetched(n1, one) and "store" not in _fetched(n1, one)
         # It mounts the volume its source did, live (a snapshot holds no volume data).
         assert a.commands.run("cat /mnt/v/x").stdout == "live\n"
