@@ -13,6 +13,7 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import SandboxException, TemplateException
 
+from tests.support.host import DATA_DIR
 from tests.support.registry import Seeded, have_tools
 
 from .conftest import NodeProcess, output_in_new_sandbox
@@ -92,3 +93,37 @@ def test_concurrent_builds_of_the_same_steps_join_one(node: NodeProcess, seeded:
     finally:
         with node.api() as c:
             c.delete(f"/templates/{name}")
+
+
+def test_two_resource_variants_of_one_name_both_create(node: NodeProcess, seeded: Seeded) -> None:
+    """Harbor's tag per CPU/memory variant (`c1-…`, `c2-…`) of one environment: the second
+    build does not take the first one's tag away; each tag and build id creates a sandbox of
+    its own shape, the listing of tags shows both, and deleting the template removes both
+    builds' snapshots."""
+    name = f"e2e-variants-{int(time.time() * 1000) % 10**8}"
+    t = Template().from_image(seeded.multi).run_cmd("echo variant > /tmp/v.txt", user="root")
+    built = {}
+    for cpus in (1, 2):
+        info = Template.build_in_background(t, f"{name}:c{cpus}-m512-r5", cpu_count=cpus,
+                                            memory_mb=512)  # fmt: skip
+        for _ in range(600):
+            status = Template.get_build_status(info).status.value
+            if status != "building":
+                break
+            time.sleep(0.5)
+        assert status == "ready", status
+        built[cpus] = info.build_id
+    ours = sorted(p for p in (DATA_DIR / "snapshots").glob(f"tpl-{name}-*"))
+    try:
+        assert len(ours) == 2, ours  # both builds' snapshots
+        assert sorted((x.tag, str(x.build_id)) for x in Template.get_tags(name)) == [
+            ("c1-m512-r5", built[1]), ("c2-m512-r5", built[2])]
+        assert Template.exists(f"{name}:c1-m512-r5") and Template.exists(f"{name}:c2-m512-r5")
+        for cpus in (1, 2):
+            for ref in (f"{name}:c{cpus}-m512-r5", f"{name}:{built[cpus]}"):
+                assert output_in_new_sandbox(ref, "nproc; cat /tmp/v.txt") == \
+                    f"{cpus}\nvariant\n", ref  # fmt: skip
+    finally:
+        with node.api() as c:
+            assert c.delete(f"/templates/{name}").status_code == 204
+    assert [p for p in ours if p.exists()] == []

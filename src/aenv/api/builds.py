@@ -207,4 +207,5 @@ async def get_tags(request: Request, template_id: str) -> list[dict[str, str]]:
         t = builds.template(templates.find(request, name).template_id)
     except TemplateNotFound as e:
         raise ApiError(404, str(e)) from None
-    return [{"tag": tag, "buildID": t.e2b_build_id, "createdAt": t.created_at} for tag in t.tags]
+    return [{"tag": tag, "buildID": b.e2b_build_id, "createdAt": b.created_at}
+            for b in [t, *t.versions] for tag in b.tags]  # fmt: skip

@@ -77,8 +77,10 @@ async def template_by_alias(request: Request, alias: str) -> TemplateAlias:
             t = find(request, alias)
         except TemplateNotFound:
             raise TemplateNotFound(f"template alias '{alias}' not found") from None
-        return TemplateAlias(templateID=names.shown(t.template_id),
-                             public=names.SEP not in t.template_id)  # fmt: skip
+        # An earlier build kept for its tag is created from as its snapshot: its template
+        # is the name (build status and tags are read by it).
+        tid = t.aliases[0] if t.template_id == t.build_id and t.aliases else t.template_id
+        return TemplateAlias(templateID=names.shown(tid), public=names.SEP not in tid)
     templates = _orch(request).templates()
     for n in names.candidates(alias, team_of(request)):
         for t in templates:

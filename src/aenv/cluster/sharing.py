@@ -528,8 +528,9 @@ class Sharing:
     @staticmethod
     def _carried(t: Template) -> dict[str, object]:
         """What a template's `Published` carries as its origin: its record, as its own node
-        has it (a copy's `fetched` mark is the fetching node's to set)."""
-        return {**t.to_json(), "fetched": None}
+        has it (a copy's `fetched` mark is the fetching node's to set). Its newest build
+        only: earlier builds kept for their tags stay on the node that built them."""
+        return {**t.to_json(), "fetched": None, "versions": []}
 
     def _origin(self, snapshot_id: str) -> dict[str, object]:
         info = self.orch.resolve_template(snapshot_id, fetched=True)

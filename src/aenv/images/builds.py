@@ -152,19 +152,33 @@ class Builds:
         return t
 
     def tag(self, name: str, tag: str | None, tags: list[str]) -> Any:
+        """`tags` move to the build `name:tag` names (the newest without a tag)."""
         from aenv.machines.api import TagNotFound
+        from aenv.storage.templates import TemplateMissing
 
         t = self.template(name)
-        if tag and tag not in (*t.tags, "default", t.e2b_build_id, *t.build_ids):
-            raise TagNotFound(name, tag)
-        t.tags = sorted(set(t.tags) | set(tags))
+        try:
+            gone = t.retag(tag, tags)
+        except TemplateMissing:
+            raise TagNotFound(name, tag or "") from None
         self.rt.catalog.put(t)
+        self._drop(gone)
         return t
 
     def untag(self, name: str, tags: list[str]) -> None:
         t = self.template(name)
-        t.tags = [x for x in t.tags if x not in tags]
+        gone = t.untag(tags)
         self.rt.catalog.put(t)
+        self._drop(gone)
+
+    def _drop(self, snapshot_ids: list[str]) -> None:
+        """Earlier builds no tag names any more (sandboxes made from them keep their
+        reflinked files)."""
+        from aenv.storage.snapshots import SnapshotNotFound
+
+        for sid in snapshot_ids:
+            with contextlib.suppress(SnapshotNotFound):
+                self.rt.snapshots.delete(sid)
 
     def _log(self, b: Build, message: str, level: str = "info", step: str | None = None) -> None:
         b.logs.append(LogEntry(now_rfc3339(), level, message, step))
@@ -205,9 +219,10 @@ class Builds:
             b.status, b.reason = leader.status, leader.reason
             if b.status == "ready":
                 t = self.template(b.template_id)
-                t.tags = sorted(set(t.tags) | set(b.tags))
+                gone = t.retag(None, b.tags)
                 t.build_ids = [*t.build_ids, b.build_id][-16:]
                 self.rt.catalog.put(t)
+                self._drop(gone)
         except asyncio.CancelledError:
             b.status, b.reason = "error", {"message": "the build was cancelled", "step": "base"}
             raise
@@ -277,19 +292,18 @@ class Builds:
                 log.warning("evicting build contexts failed: %s", e)
 
     def _replace(self, template: Any) -> None:
-        """The new build becomes the template; the previous build's snapshot goes (sandboxes
-        made from it keep their reflinked files)."""
-        from aenv.storage.snapshots import SnapshotNotFound
+        """The new build becomes the template; the previous one stays as a version while it
+        has tags the new one does not take (another CPU/memory variant), else its snapshot
+        goes (sandboxes made from it keep their reflinked files)."""
         from aenv.storage.templates import TemplateMissing
 
         try:
             old = self.rt.catalog.get(template.name)
         except TemplateMissing:
             old = None
+        gone = old.succeed(template) if old is not None else []
         self.rt.catalog.put(template)
-        if old is not None and old.snapshot_id != template.snapshot_id:
-            with contextlib.suppress(SnapshotNotFound):
-                self.rt.snapshots.delete(old.snapshot_id)
+        self._drop(gone)
 
     async def _base(self, b: Build, spec: BuildSpec) -> tuple[str, StepState]:
         """The template the build VM starts from, and the state its steps start in."""

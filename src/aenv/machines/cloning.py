@@ -75,22 +75,25 @@ class Cloning:
         return self._template_info(name_or_id)
 
     def _template_info(self, name: str) -> TemplateInfo:
-        # "name:tag": a tag its last build carries, or that build's id (E2B's SDK and Harbor
-        # create from `name:<build id>`).
+        # "name:tag": a tag of its newest build or of an earlier one kept for its tags, or
+        # a build's id (E2B's SDK and Harbor create from `name:<build id>`). An earlier
+        # build is created from as its snapshot (its id is the info's id).
         base, _, tag = name.partition(":")
         try:
             t = self.catalog.get(base)
         except TemplateMissing:
             raise TemplateNotFound(f"template {name!r} not found") from None
-        if tag and tag not in (*t.tags, "default", t.e2b_build_id, *t.build_ids):
+        v = t.version(tag)
+        if v is None:
             raise TagNotFound(base, tag)
         return TemplateInfo(
-            template_id=t.name, aliases=[t.name, *t.aliases], shape=t.shape,
-            envd_version=t.envd_version, build_id=t.snapshot_id, created_at=t.created_at,
-            size_bytes=t.rootfs_bytes, env=dict(t.env), user=t.user, workdir=t.workdir,
-            source=t.source_image or f"recipe:{t.recipe}", fetched=t.fetched is not None,
-            start_cmd=t.start_cmd,
-        )
+            template_id=t.name if v is t else v.snapshot_id, aliases=[t.name, *t.aliases],
+            shape=v.shape, envd_version=v.envd_version,
+            build_id=v.snapshot_id, created_at=v.created_at,
+            size_bytes=v.rootfs_bytes, env=dict(v.env), user=v.user, workdir=v.workdir,
+            source=v.source_image or f"recipe:{v.recipe}", fetched=t.fetched is not None,
+            start_cmd=v.start_cmd,
+        )  # fmt: skip
 
     async def restore(self, name: str, snapshot_id: str | None) -> Machine:
         """Start a VM from a snapshot's files, or, with snapshot_id None, from the state a
@@ -385,8 +388,13 @@ class Cloning:
         return info_of_snapshot(man)
 
     def remove_template(self, name: str) -> None:
-        """Out of the catalog at once (renamed to a dot name, then removed); its snapshot is
-        the caller's to delete."""
+        """Out of the catalog at once (renamed to a dot name, then removed), with the
+        snapshots of its earlier builds kept for their tags; its own snapshot is the
+        caller's to delete."""
+        with contextlib.suppress(TemplateMissing):
+            for v in self.catalog.get(name).versions:
+                with contextlib.suppress(SnapshotNotFound):
+                    self.snapshots.delete(v.snapshot_id)
         trash = self.cfg.templates_dir / f".rm-{name}-{secrets.token_hex(3)}"
         os.replace(self.catalog.dir(name), trash)
         remove_tree(trash)

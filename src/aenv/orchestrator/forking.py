@@ -232,7 +232,9 @@ class Forking:
 
     def _deletable_template(self, name: str, team_id: str | None) -> TemplateInfo:
         """The template `name` names for the team, if the team may delete it: NotFound,
-        Forbidden (a public one, for another team), Unsupported (the node's default)."""
+        Forbidden (a public one, for another team), Unsupported (the node's default).
+        `name:tag` names the whole template, every build of it."""
+        name = name.partition(":")[0]
         for n in [name] if team_id is None else names.candidates(name, team_id):
             try:
                 info = self.runtime.template(n)

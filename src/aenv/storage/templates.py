@@ -4,11 +4,13 @@ its build ended with (restoring that snapshot is what makes creates cheap)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from aenv.config import MachineShape
 from aenv.storage.files import write_json_atomic
+
+MAX_VERSIONS = 8  # earlier builds of one name kept for their tags (the oldest go first)
 
 
 class TemplateMissing(Exception):
@@ -39,16 +41,66 @@ class Template:
     # Set on a copy this node fetched from a peer or the snapshot store (cluster/sharing.py):
     # where from and when. Not this node's own: not listed, never published from here.
     fetched: dict[str, object] | None = None
+    # Earlier builds that still have tags of their own, newest first: E2B keeps every build
+    # of a name, and Harbor builds one per CPU/memory variant of an environment under one
+    # name (tag `c2-m4096-…`), so a new build must not take the other variants' tags away.
+    versions: list[Template] = field(default_factory=list)
+
+    def names(self, tag: str) -> bool:
+        """Whether `tag` names this build: one of its tags, or its build id."""
+        return tag in (*self.tags, self.e2b_build_id, *self.build_ids)
+
+    def version(self, tag: str) -> Template | None:
+        """The build `name:tag` creates from: this one (no tag, `default`, or one of its
+        own), an earlier one that kept the tag, or None."""
+        if not tag or tag == "default" or self.names(tag):
+            return self
+        return next((v for v in self.versions if v.names(tag)), None)
+
+    def succeed(self, new: Template) -> list[str]:
+        """`new` replaces this build: the tags it carries move to it, earlier builds left
+        with a tag of their own stay its versions (at most MAX_VERSIONS), and the snapshots
+        of those that go are returned (to delete)."""
+        return new.keep_versions([replace(self, versions=[]), *self.versions])
+
+    def retag(self, tag: str | None, tags: list[str]) -> list[str]:
+        """`tags` move to the build `tag` names (this one when None); snapshots of earlier
+        builds left with no tag are returned (to delete). TemplateMissing: no such build."""
+        target = self.version(tag or "")
+        if target is None:
+            raise TemplateMissing(f"{self.name}:{tag}")
+        for b in [self, *self.versions]:
+            b.tags = sorted(set(b.tags) | set(tags)) if b is target else [
+                x for x in b.tags if x not in tags]  # fmt: skip
+        return self.keep_versions(self.versions)
+
+    def untag(self, tags: list[str]) -> list[str]:
+        """`tags` off every build; snapshots of earlier builds left with none (to delete)."""
+        for b in [self, *self.versions]:
+            b.tags = [x for x in b.tags if x not in tags]
+        return self.keep_versions(self.versions)
+
+    def keep_versions(self, earlier: list[Template]) -> list[str]:
+        kept, gone = [], []
+        for v in earlier:
+            v.tags = [x for x in v.tags if x not in self.tags]
+            if v.snapshot_id == self.snapshot_id:
+                continue
+            (kept if v.tags and len(kept) < MAX_VERSIONS else gone).append(v)
+        self.versions = kept
+        return [v.snapshot_id for v in gone]
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["shape"] = self.shape.model_dump()
+        d["versions"] = [v.to_json() for v in self.versions]
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> Template:
         d = dict(d)
         d["shape"] = MachineShape.model_validate(d["shape"])
+        d["versions"] = [cls.from_json(v) for v in d.get("versions") or []]  # type: ignore[attr-defined]
         return cls(**d)  # type: ignore[arg-type]
 
 
