@@ -61,7 +61,7 @@ _ROUTING = frozenset({
     b"e2b-sandbox-id", b"e2b-sandbox-port", b"x-agentenv-sandbox-id",
     b"x-agentenv-target-port", b"host", b"expect", _TRAFFIC_TOKEN,
 })  # fmt: skip
-READY_WAIT_S = 60.0  # the longest a request waits for its sandbox's start to finish
+READY_WAIT_S = 120.0  # the longest a request waits for its sandbox's start to finish
 _SID_HEADERS = (b"e2b-sandbox-id", b"x-agentenv-sandbox-id")
 _PORT_HEADERS = (b"e2b-sandbox-port", b"x-agentenv-target-port")
 UNAUTHORIZED = (
@@ -252,6 +252,9 @@ class DataPlaneProxy:
         if ready is not None and ready.done() and (ready.cancelled() or ready.exception()):
             return _Denial(502, {"code": 502, "message": f"sandbox {route.sandbox_id} failed to "
                                  "start"}, "not_ready")  # fmt: skip
+        if ready is not None and not ready.done():  # its guest has not its identity yet: a
+            return _Denial(503, {"code": 503, "message": f"sandbox {route.sandbox_id} is still "
+                                 "starting: try again"}, "not_ready")  # 401 would mislead
         return route
 
     async def handle(self, scope: Scope, receive: Any, send: Any, target: Target) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field, ValidationError
 
 from aenv.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
+from aenv.cluster.lease import LeaseKeeper
 from aenv.cluster.view import PrefixView
 from aenv.tasks import cancel
 
@@ -31,6 +32,9 @@ log = logging.getLogger("aenv.cluster")
 
 RETRY_S = 1.0  # after etcd was unreachable
 RENEW_PARTS = 6  # renewals per lease TTL
+# A renewing thread renews while the node's loop turned within this part of the TTL: the node
+# fences at half of it (cluster/node.py FENCE_AT), so a stuck loop does not outlive its lease.
+ALIVE_PART = 0.5
 
 
 class Capacity(BaseModel):
@@ -102,8 +106,12 @@ class Registration:
     """Keeps one node's record in etcd while the node runs (see the module docstring)."""
 
     def __init__(self, etcd: Etcd, prefix: str, record: Callable[[], NodeRecord], *,
-                 ttl_s: int = 10, publish_every_s: float = 2.0) -> None:
+                 ttl_s: int = 10, publish_every_s: float = 2.0,
+                 renew_with: Callable[[], Etcd] | None = None) -> None:  # fmt: skip
+        """`renew_with`: a maker of etcd clients; given, the lease is renewed from a thread
+        of its own with one (cluster/lease.py), else from the event loop with `etcd`."""
         self.etcd = etcd
+        self._renew_with = renew_with
         self.ttl_s = ttl_s
         self.publish_every_s = publish_every_s
         self._record = record
@@ -145,9 +153,18 @@ class Registration:
         return True
 
     async def _run(self) -> None:
-        # Renewal has its own task: a slow publish (a large record to a loaded etcd) must not
-        # hold the lease's renewal back, which fences the node (cluster/node.py).
-        renewing = asyncio.get_running_loop().create_task(self._renewing(), name="aenv-lease")
+        # Renewal has its own task, or thread: a slow publish (a large record to a loaded
+        # etcd) must not hold the lease's renewal back, which fences the node (cluster/node.py).
+        keeper = None if self._renew_with is None else LeaseKeeper(
+            self._renew_with, lambda: self.lease, every_s=max(self.ttl_s / RENEW_PARTS, 0.2),
+            alive_s=self.ttl_s * ALIVE_PART, renewed=self._renewed, expired=self._register,
+            retry_s=RETRY_S)  # fmt: skip
+        renewing = None
+        if keeper is not None:
+            keeper.start()
+        else:
+            renewing = asyncio.get_running_loop().create_task(self._renewing(),
+                                                              name="aenv-lease")  # fmt: skip
         try:
             while True:
                 await asyncio.sleep(self.publish_every_s)
@@ -156,7 +173,12 @@ class Registration:
                 except EtcdError as e:
                     log.warning("publishing %s: %s", self.key, e)
         finally:
+            if keeper is not None:
+                await keeper.stop()
             await cancel(renewing)
+
+    def _renewed(self, asked: float) -> None:
+        self.renewed_at = max(self.renewed_at, asked)
 
     async def _renewing(self) -> None:
         # Every RENEW_PARTS-th of the TTL: the node fences at half of it without a renewal,

@@ -72,7 +72,8 @@ class NodeMembership:
         self._tools = tools_key()
         self.etcd = Etcd.of(cfg.cluster)
         self.registration = Registration(self.etcd, cfg.cluster.prefix, self.record,
-                                         ttl_s=cfg.cluster.lease_ttl_s)  # fmt: skip
+                                         ttl_s=cfg.cluster.lease_ttl_s,
+                                         renew_with=lambda: Etcd.of(cfg.cluster))  # fmt: skip
         self.bindings = NodeBindings(self.etcd, cfg.cluster.prefix, node_name(cfg), self.held,
                                      free=self._free, ended=self._ended)  # fmt: skip
         self._guard: asyncio.Task[None] | None = None

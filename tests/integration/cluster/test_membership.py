@@ -5,9 +5,11 @@ registered again after its lease expired, and a watching view that follows all o
 from __future__ import annotations
 
 import asyncio
+import time
 
 from aenv.cluster.etcd import Etcd
 from aenv.cluster.membership import Capacity, Members, NodeRecord, Registration, Usage
+from tests.support.etcd import EtcdCluster
 
 
 class FakeNode:
@@ -85,3 +87,26 @@ async def test_a_dead_node_is_lost_within_its_ttl_and_an_expired_lease_registers
     finally:
         await live.stop()
         await members.stop()
+
+
+async def test_a_held_event_loop_keeps_its_lease_unless_it_stays_held(etcd: Etcd,
+                                                                      one: EtcdCluster) -> None:
+    """Renewed from a thread (cluster/lease.py): a node's loop held for less than half the
+    TTL (a fork burst's) keeps the lease renewed meanwhile; one held past the TTL does not,
+    and the node registers again once its loop turns."""
+    reg = Registration(etcd, "/m3/", FakeNode("busy"), ttl_s=2, publish_every_s=0.2,
+                       renew_with=lambda: Etcd(one.endpoints))  # fmt: skip
+    await reg.start()
+    try:
+        first = reg.lease
+        await asyncio.sleep(0.5)
+        before = reg.renewed_at
+        time.sleep(0.9)  # the loop held (alive_s is 1 s): renewals go on
+        assert reg.renewed_at > before + 0.3
+        time.sleep(3.0)  # held past the TTL: not renewed, the lease lapses
+        await _until(lambda: reg.lease != first, timeout=10)
+        kv = await etcd.get("/m3/nodes/busy")
+        assert kv is not None and kv.lease == reg.lease
+    finally:
+        await reg.stop()
+    assert await etcd.get("/m3/nodes/busy") is None

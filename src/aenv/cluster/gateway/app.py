@@ -439,11 +439,15 @@ class Gateway:
         if answer.status >= 300 and not (claim is not None and claim[1].done):
             await self._give_back(req.sandbox_id, claim)
             return await self._answer(send, answer)
+        if claim is not None and not retried:
+            assert self.idem is not None
+            with contextlib.suppress(EtcdError):  # before the look at the client: no etcd
+                await self.idem.done(*claim)  # call between that look and the answer
         left = client.has_left(watcher)  # then nobody will learn its id
-        if claim is not None:
+        if claim is not None and retried:
             assert self.idem is not None
             with contextlib.suppress(EtcdError):
-                await (self.idem.received if retried and not left else self.idem.done)(*claim)
+                await (self.idem.done if left else self.idem.received)(*claim)
         if left:
             self.orphans.left(node, req.sandbox_id, self._control_headers(scope),
                               claim and (self.idem, claim[0]))  # fmt: skip
