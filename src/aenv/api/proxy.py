@@ -248,6 +248,8 @@ class DataPlaneProxy:
             # clock push): the guest takes requests once it is done. `wait`: neither this
             # request's cancellation nor the timeout cancels it, and its own cancellation
             # (a kill during the start) is not this request's.
+            if route.handle.hurry is not None:
+                route.handle.hurry()
             await asyncio.wait({ready}, timeout=READY_WAIT_S)
         if ready is not None and ready.done() and (ready.cancelled() or ready.exception()):
             return _Denial(502, {"code": 502, "message": f"sandbox {route.sandbox_id} failed to "

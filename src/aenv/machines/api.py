@@ -70,6 +70,8 @@ class SandboxHandle:
     # Done once the guest may take client requests (a hot resume sets its clock after the
     # call returns); None: ready now. The data plane waits for it.
     ready: asyncio.Future[None] | None = field(default=None, compare=False, repr=False)
+    # While not ready: moves its start ahead of those nobody asked for (a fork child's /init).
+    hurry: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     def url(self, port: int = AGENT_PORT) -> str:
         return f"http://{self.slot_addr}:{port}"

@@ -27,6 +27,7 @@ from aenv.machines.api import (
     TemplateInfo,
     TemplateNotFound,
 )
+from aenv.machines.init_gate import InitGate
 from aenv.machines.machine import (
     AGENT_BOOT_TIMEOUT,
     FORK_PREFIX,
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 class Cloning:
     """Part of `Runtime` (machines/runtime.py), whose state it uses."""
 
-    init_gate: asyncio.Semaphore
+    init_gate: InitGate
 
     # -- templates --------------------------------------------------------------------
     def templates(self, *, usage: bool = False) -> list[TemplateInfo]:

@@ -38,6 +38,7 @@ from aenv.machines.api import (
 )
 from aenv.machines.cloning import Cloning
 from aenv.machines.guest_trust import TrustError
+from aenv.machines.init_gate import InitGate
 from aenv.machines.machine import (
     AGENT_BOOT_TIMEOUT,
     AGENT_INIT_BEHIND_TIMEOUT,
@@ -136,7 +137,7 @@ class Runtime(Pausing, Cloning, Adopting):
         self.pager = Pager(self._machines, self.hot, self._settled)
         self.fsyncs = durability.Durability()  # hot pauses' files, after the answer
         self._tasks: set[asyncio.Task[None]] = set()  # see _background
-        self.init_gate = asyncio.Semaphore(max(1, cfg.max_concurrent_boots))  # fork children
+        self.init_gate = InitGate(cfg.max_concurrent_boots)  # fork children's /init
 
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
@@ -530,7 +531,7 @@ class Runtime(Pausing, Cloning, Adopting):
         return self.handle(sandbox_id, template)
 
     async def _create_from(self, sandbox_id: str, snapshot_id: str, init: AgentInit, *,
-                           init_gate: asyncio.Semaphore | None = None) -> SandboxHandle:
+                           init_gate: InitGate | None = None) -> SandboxHandle:
         """With `init_gate`, the /init is pushed in the background under that gate and the
         handle's `ready` is done once it is (a fork child)."""
         try:
@@ -556,14 +557,19 @@ class Runtime(Pausing, Cloning, Adopting):
             t = asyncio.get_running_loop().create_task(self._init_later(m, init, init_gate))
             t.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
             m.ready = handle.ready = t
+            handle.hurry = lambda: init_gate.hurry(sandbox_id)
         return handle
 
-    async def _init_later(self, m: Machine, init: AgentInit, gate: asyncio.Semaphore) -> None:
+    async def _init_later(self, m: Machine, init: AgentInit, gate: InitGate) -> None:
         """A child's /init behind the call. If it fails the VM is ended and reported as a
         dead VMM, so the orchestrator removes the sandbox; the data plane answers 502."""
+        t0 = time.perf_counter()
         try:
-            async with gate:
+            async with gate.hold(m.name):
+                t1 = time.perf_counter()
                 await self.push_init(m, init, AGENT_INIT_BEHIND_TIMEOUT)
+            log.debug("sandbox %s: /init behind the call, %.0f ms after %.0f ms for the gate",
+                      m.name, (time.perf_counter() - t1) * 1000, (t1 - t0) * 1000)
         except asyncio.CancelledError:  # the VM is being stopped: its /init goes with it
             raise
         except BaseException as e:
