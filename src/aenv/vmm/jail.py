@@ -24,6 +24,9 @@ import functools
 import os
 import select
 import signal
+import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -70,7 +73,7 @@ def command(spec: JailSpec, argv: list[str], root_fd: int) -> list[str]:
 
 
 class Process(Protocol):
-    """The launcher process as `Jailed` uses it: an asyncio child, or an adopted one."""
+    """The launcher process as `Jailed` uses it: our child, or an adopted one (pidfds)."""
 
     pid: int
 
@@ -115,33 +118,20 @@ def _uids(pid: int) -> set[int]:
     return set()
 
 
-class AdoptedProcess:
-    """A launcher an earlier node process started and that outlived it (start_new_session).
-    It is not our child, so it is watched through a pidfd, which stays bound to this very
-    process even if its pid is reused: signals go to it alone, and the fd turns readable
-    when it exits (a zombie waiting for the host's init counts as exited). Any number of
-    callers may wait at once (the node's exit watcher and a kill): they share one future."""
+class PidfdProcess:
+    """A launcher watched through a pidfd, which stays bound to this very process even if
+    its pid is reused: signals go to it alone, and the fd turns readable when it exits. Any
+    number of callers may wait at once (the node's exit watcher and a kill): they share one
+    future. `popen`: our own child, reaped when it exits (its status is then known)."""
 
-    def __init__(self, pid: int, pidfd: int) -> None:
+    def __init__(self, pid: int, pidfd: int, popen: subprocess.Popen[bytes] | None = None,
+                 ) -> None:  # fmt: skip
         self.pid = pid
         self._fd: int | None = pidfd
         self._done: asyncio.Future[None] | None = None  # resolved when the fd is closed
         self._loop: asyncio.AbstractEventLoop | None = None  # watching the fd, if any
-
-    @classmethod
-    def attach(cls, pid: int, started: int) -> AdoptedProcess | None:
-        """The process `pid` if it still runs and is the one that started at `started`
-        (not a zombie, not a reuse of its pid), else None."""
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return None
-        proc = cls(pid, fd)
-        # Checked after opening the fd: the fd now pins the process this start time names.
-        if start_time(pid) != started or proc._exited():
-            proc.close()
-            return None
-        return proc
+        self._popen = popen
+        self._status = UNKNOWN_STATUS
 
     def _exited(self) -> bool:
         if self._fd is None:
@@ -150,16 +140,18 @@ class AdoptedProcess:
         p.register(self._fd, select.POLLIN)
         if not p.poll(0):
             return False
+        if self._popen is not None:
+            self._status = self._popen.wait()  # it has exited: no wait
         self.close()
         return True
 
     @property
     def returncode(self) -> int | None:
-        return UNKNOWN_STATUS if self._exited() else None
+        return self._status if self._exited() else None
 
     async def wait(self) -> int:
         if self._exited():
-            return UNKNOWN_STATUS
+            return self._status
         assert self._fd is not None
         if self._done is None:
             # One reader for every waiter: a second add_reader on the fd would replace the
@@ -169,7 +161,7 @@ class AdoptedProcess:
             self._done = self._loop.create_future()
             self._loop.add_reader(self._fd, self._exited)
         await asyncio.shield(self._done)
-        return UNKNOWN_STATUS
+        return self._status
 
     def kill(self) -> None:
         if self._fd is not None:
@@ -187,6 +179,27 @@ class AdoptedProcess:
         os.close(fd)
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
+
+
+class AdoptedProcess(PidfdProcess):
+    """A launcher an earlier node process started and that outlived it (start_new_session):
+    not our child, so its exit status is not ours to read (a zombie waiting for the host's
+    init counts as exited)."""
+
+    @classmethod
+    def attach(cls, pid: int, started: int) -> AdoptedProcess | None:
+        """The process `pid` if it still runs and is the one that started at `started`
+        (not a zombie, not a reuse of its pid), else None."""
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        proc = cls(pid, fd)
+        # Checked after opening the fd: the fd now pins the process this start time names.
+        if start_time(pid) != started or proc._exited():
+            proc.close()
+            return None
+        return proc
 
 
 @dataclass(frozen=True)
@@ -256,13 +269,14 @@ async def spawn(spec: JailSpec, argv: list[str]) -> Jailed:
     log_fd = -1
     try:
         log_fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        proc = await asyncio.create_subprocess_exec(
-            *command(spec, argv, root_fd),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+        popen = functools.partial(
+            subprocess.Popen, command(spec, argv, root_fd),
+            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
             pass_fds=(*spec.pass_fds, root_fd), env={**spec.env, **JAIL_ENV},
             preexec_fn=functools.partial(_enter, cgroup),
             start_new_session=True,  # a ^C to the node must not reach its VMs
-        )
+        )  # fmt: skip
+        proc = await _start(popen)
     except BaseException:
         cgroup.remove()
         raise
@@ -271,6 +285,28 @@ async def spawn(spec: JailSpec, argv: list[str]) -> Jailed:
         if log_fd >= 0:
             os.close(log_fd)
     return Jailed(proc, cgroup)
+
+
+async def _start(popen: Callable[[], subprocess.Popen[bytes]]) -> PidfdProcess:
+    """Start the launcher from a thread: Popen waits until the child has run `_enter` and
+    exec'd, which under load (16 forks of 4 on 2 cores) held the event loop for seconds. If
+    the caller is cancelled meanwhile, the launcher is ended once it has started."""
+    started = asyncio.get_running_loop().run_in_executor(None, popen)
+    try:
+        child = await asyncio.shield(started)
+    except asyncio.CancelledError:
+        started.add_done_callback(_end_unwanted)
+        raise
+    return PidfdProcess(child.pid, os.pidfd_open(child.pid), child)
+
+
+def _end_unwanted(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    if started.cancelled() or started.exception() is not None:
+        return
+    child = started.result()
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+    threading.Thread(target=child.wait, name="aenv-reap", daemon=True).start()
 
 
 def _enter(cgroup: Cgroup) -> None:
