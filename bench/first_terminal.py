@@ -26,7 +26,6 @@ import asyncio
 import os
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -34,33 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 from node import Node, pct  # bench/node.py: the server launcher
-from primed import primed_ready
+from primed import primed_ready, terminal
 
 Rows = dict[str, list[tuple[float, float]]]
-
-
-async def terminal(sbx) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(pty.create's time, send_stdin until the echo)."""
-    from e2b.sandbox.commands.command_handle import PtySize
-
-    out: list[str] = []
-    seen = asyncio.Event()
-
-    def on_data(b: bytes) -> None:
-        out.append(b.decode(errors="replace"))
-        if "bar" in "".join(out):
-            seen.set()
-
-    t0 = time.perf_counter()
-    term = await sbx.pty.create(PtySize(80, 24), on_data=on_data, envs={"FOO": "bar"})
-    t1 = time.perf_counter()
-    await sbx.pty.send_stdin(term.pid, b"echo $FOO\n")
-    t2 = time.perf_counter()
-    await asyncio.wait_for(seen.wait(), 60)
-    t3 = time.perf_counter()
-    await sbx.pty.send_stdin(term.pid, b"exit\n")
-    await term.wait()
-    return t1 - t0, t3 - t2
 
 
 async def paths(node: Node, n: int, rows: Rows, *, hot: bool) -> None:
@@ -71,7 +46,7 @@ async def paths(node: Node, n: int, rows: Rows, *, hot: bool) -> None:
     api = httpx.AsyncClient(base_url=node.origin, headers={"X-API-Key": node.key}, timeout=120)
     resume = "resume (hot)" if hot else "resume (cold)"
     for i in range(n + 1):  # the first round warms the node and the client
-        got: dict[str, tuple[float, float]] = {}
+        got: dict[str, tuple[float, float, float]] = {}
         if hot:
             await primed_ready(node)
             s = await AsyncSandbox.create("base", timeout=300)
@@ -98,7 +73,7 @@ async def paths(node: Node, n: int, rows: Rows, *, hot: bool) -> None:
         await s.kill()
         if i:
             for k, v in got.items():
-                rows[k].append(v)
+                rows[k].append(v[:2])
     await api.aclose()
 
 

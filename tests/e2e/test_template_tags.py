@@ -12,6 +12,7 @@ import uuid
 import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import SandboxException, TemplateException
+from e2b.template.types import BuildInfo
 
 from tests.support.host import DATA_DIR
 from tests.support.registry import Seeded, have_tools
@@ -20,6 +21,15 @@ from .conftest import NodeProcess, output_in_new_sandbox
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.skipif(have_tools() is not None, reason=have_tools() or "")]
+
+
+def _until_built(info: BuildInfo) -> None:
+    for _ in range(600):
+        status = Template.get_build_status(info).status.value
+        if status != "building":
+            break
+        time.sleep(0.5)
+    assert status == "ready", status
 
 
 def test_a_create_from_name_and_build_id_waits_for_that_build(node: NodeProcess,
@@ -77,12 +87,7 @@ def test_concurrent_builds_of_the_same_steps_join_one(node: NodeProcess, seeded:
     second = Template.build_in_background(t, f"{name}:b-r5")
     try:
         for info in (first, second):
-            for _ in range(600):
-                status = Template.get_build_status(info).status.value
-                if status != "building":
-                    break
-                time.sleep(0.5)
-            assert status == "ready", status
+            _until_built(info)
         log = node.log.read_text()
         assert f"build {second.build_id} of {name} joined build {first.build_id}" in log
         assert log.count(f"of {name} started") == 1
@@ -106,12 +111,7 @@ def test_two_resource_variants_of_one_name_both_create(node: NodeProcess, seeded
     for cpus in (1, 2):
         info = Template.build_in_background(t, f"{name}:c{cpus}-m512-r5", cpu_count=cpus,
                                             memory_mb=512)  # fmt: skip
-        for _ in range(600):
-            status = Template.get_build_status(info).status.value
-            if status != "building":
-                break
-            time.sleep(0.5)
-        assert status == "ready", status
+        _until_built(info)
         built[cpus] = info.build_id
     ours = sorted(p for p in (DATA_DIR / "snapshots").glob(f"tpl-{name}-*"))
     try:
