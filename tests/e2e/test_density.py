@@ -160,12 +160,14 @@ def test_an_idle_sandbox_hands_back_what_it_wrote(tmp_path: Path) -> None:
 
 def test_a_create_past_what_the_node_holds_is_429_and_leaves_nothing(tmp_path: Path) -> None:
     # A budget of 150 MiB: the first sandbox fits its estimate (a quarter of 512 MiB); once
-    # measured (~100 MiB held), a second one does not.
+    # it has written 64 MiB and is measured (over 100 MiB held), a second one, estimated at
+    # what the first holds, does not. (An idle `base` holds ~55 MiB: two would fit.)
     with running_node(tmp_path, AENV_MEMORY_BUDGET_MIB="150", AENV_MEMORY_OVERCOMMIT="10",
                       AENV_METRICS_INTERVAL_S="1") as n:  # fmt: skip
         instance = n.env["AENV_INSTANCE"]
         sbx = Sandbox.create("base", timeout=300)
         try:
+            _sh(sbx, "head -c 64M /dev/urandom > /dev/shm/fill")
             with n.api() as api:
                 # GET shows what it holds, measured.
                 info = api.get(f"/sandboxes/{sbx.sandbox_id}").json()["hostMemory"]

@@ -2,10 +2,12 @@
 client reaches it: the unmodified `e2b-code-interpreter` in a client namespace, given
 E2B_DOMAIN alone, through haproxy and two gateways over TLS to a cluster's node
 (test_gateway.tls_front). Its NDJSON must arrive as it is printed, and a client that leaves
-must have the kernel interrupted at once (the gateway closes the node's stream)."""
+must have the kernel interrupted at once (the gateway closes the node's stream). The npm
+`@e2b/code-interpreter` then does the same, its javascript kernel included."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import DATA_DIR
+from .scenarios import JS_DIR, npm_ci
 from .test_gateway import REPO, Cluster, cluster, tls_front  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(1800)]
@@ -61,7 +64,16 @@ def _built() -> None:
 def test_code_interpreter_v1_through_gateways_over_tls(cluster: Cluster,  # noqa: F811
                                                        tmp_path: Path) -> None:  # fmt: skip
     _built()
+    npm_ci()
     with tls_front(cluster, tmp_path) as (ns, env):
         r = ns.run([sys.executable, "-c", CLIENT], env, timeout=900, cwd=REPO)
+        # The npm `@e2b/code-interpreter` the same way (Node trusts the test CA by
+        # NODE_EXTRA_CA_CERTS), its javascript kernel too.
+        js = ns.run(["node", "interpreter.mjs"], {
+            **env, "TEMPLATE": TEMPLATE, "JS": "1", "NODE_EXTRA_CA_CERTS": env["SSL_CERT_FILE"],
+            "NO_COLOR": "1"}, timeout=300, cwd=JS_DIR)  # fmt: skip
     print(r.stdout)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr[-3000:]
+    assert js.returncode == 0, js.stdout + js.stderr[-3000:]
+    assert json.loads(js.stdout) == {"text": "2", "count": 1, "stdout": ["from js\n"],
+                                     "error": "NameError", "js": "42"}

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -287,15 +288,22 @@ async def spawn(spec: JailSpec, argv: list[str]) -> Jailed:
     return Jailed(proc, cgroup)
 
 
+# Launchers start on threads of their own: behind the node's other blocking work (file
+# copies, removals, memory reads) in the default executor, a burst's restores would queue.
+_STARTS = ThreadPoolExecutor(4, thread_name_prefix="aenv-vmm-start")
+
+
 async def _start(popen: Callable[[], subprocess.Popen[bytes]]) -> PidfdProcess:
     """Start the launcher from a thread: Popen waits until the child has run `_enter` and
     exec'd, which under load (16 forks of 4 on 2 cores) held the event loop for seconds. If
-    the caller is cancelled meanwhile, the launcher is ended once it has started."""
-    started = asyncio.get_running_loop().run_in_executor(None, popen)
+    the caller is cancelled meanwhile, the launcher is ended once it has started; not before
+    the fork: the caller closes the fds it passes once this returns."""
+    started = asyncio.get_running_loop().run_in_executor(_STARTS, popen)
     try:
         child = await asyncio.shield(started)
     except asyncio.CancelledError:
-        started.add_done_callback(_end_unwanted)
+        await asyncio.wait({started})
+        _end_unwanted(started)
         raise
     return PidfdProcess(child.pid, os.pidfd_open(child.pid), child)
 

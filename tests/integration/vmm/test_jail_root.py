@@ -8,6 +8,7 @@ Seen from inside by a probe program started through the very launcher QEMU uses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -25,7 +26,7 @@ import pytest
 from aenv.machines.api import AgentInit
 from aenv.storage.files import remove_tree
 from aenv.vmm import jail
-from aenv.vmm.cgroup import Limits
+from aenv.vmm.cgroup import Cgroup, Limits
 from aenv.vmm.jailroot import RootSpec
 
 pytestmark = pytest.mark.vm
@@ -211,3 +212,25 @@ def test_roots_build_while_other_threads_fork(tmp_path: Path) -> None:
     for t in builders:
         t.join()
     assert builds > 0 and not errors, errors[:3]
+
+
+async def test_a_spawn_cancelled_at_any_point_leaves_nothing(layout):
+    """The launcher starts from a thread (vmm/jail.py `_start`): a spawn cancelled before,
+    during or after that start leaves no process of the jail and no cgroup."""
+    spec = jail.JailSpec(
+        name=f"{layout.own.parent.name}-cancel", uid=layout.uid,
+        limits=Limits(memory_bytes=64 << 20, pids=16, cpus=1.0),
+        log_file=layout.own / "cancel.log", root=RootSpec(rw_paths=(layout.own,)),
+    )  # fmt: skip
+    for delay in (0.0, 0.01, 0.05, 0.2, 1.0):
+        task = asyncio.create_task(jail.spawn(spec, ["/usr/bin/sleep", "120"]))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await (await task).kill()  # it was started before the cancel arrived
+        deadline = time.monotonic() + 10
+        while subprocess.run(["pgrep", "-u", str(layout.uid), "-x", "sleep"],
+                             capture_output=True).returncode == 0:  # fmt: skip
+            assert time.monotonic() < deadline, f"a jailed sleep outlived a cancel at {delay} s"
+            await asyncio.sleep(0.05)
+        assert not any(d.exists() for d in Cgroup(spec.name).dirs.values()), delay
