@@ -9,7 +9,10 @@ source scripts/phases.sh
 # (docs/testing.md, "Skips").
 _junit_dir=$(mktemp -d /tmp/aenv-junit.XXXXXX)
 _census_baseline=$(mktemp /tmp/aenv-census-baseline.XXXXXX.json)
-trap 'rm -rf "$_junit_dir" "$_census_baseline"' EXIT
+# The last run's JUnit XML stays in /var/tmp/aenv-junit-last (every test's time, for when
+# a log was cut).
+trap 'rm -rf /var/tmp/aenv-junit-last; cp -r "$_junit_dir" /var/tmp/aenv-junit-last 2>/dev/null
+      rm -rf "$_junit_dir" "$_census_baseline"' EXIT
 pyt() {  # NAME PYTEST-ARGS...
   local name=$1; shift
   .venv/bin/python -m pytest -q -rfEs -p no:cacheprovider --durations=10 \

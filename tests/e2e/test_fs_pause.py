@@ -203,6 +203,7 @@ def test_a_filesystem_only_snapshot_keeps_the_disk_and_creates_from_it_boot(
             Sandbox.delete_snapshot(snap_id)
 
 
+@pytest.mark.long  # ~45 s: waits for a stopped agent's timeouts
 def test_a_guest_that_does_not_answer(node: NodeProcess) -> None:
     """strict: 503 and it keeps running; otherwise paused unflushed, and a reboot rescues it."""
     sbx = Sandbox.create(timeout=300)
@@ -236,6 +237,7 @@ def test_a_guest_that_does_not_answer(node: NodeProcess) -> None:
         sbx.kill()
 
 
+@pytest.mark.long  # three node starts and a reboot
 def test_a_filesystem_only_pause_survives_restarts_and_a_kill_9_mid_reboot(
     tmp_path: Path, instance: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

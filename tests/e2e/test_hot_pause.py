@@ -215,6 +215,7 @@ def _children_are_their_own(kids: list[Sandbox]) -> None:
     assert len(seen) == len(kids), "two children share their entropy"
 
 
+@pytest.mark.long  # ~45 s (forks from each state: integration/vmm/test_snapshots.py)
 def test_forks_from_running_hot_cold_and_a_named_snapshot(node: NodeProcess) -> None:
     src = Sandbox.create(timeout=300)
     other = Sandbox.create(timeout=300)

@@ -89,14 +89,17 @@ def test_a_group_forks_one_start_state_for_every_member(node: NodeProcess, rl: R
         assert _delta(after, before, ("setup", "ok")) == 1
         assert _delta(after, before, ("member", "ok")) == 4
         group = got[0].group
-        host_t = time.time()
+        host_t0 = time.time()
         res = group.exec(STATE)
+        host_t1 = time.time()
         assert {r["sandboxID"] for r in res} == ids and all(r["exitCode"] == 0 for r in res), res
         rows = [r["stdout"].split() for r in res]
         assert len({row[0] for row in rows}) == 1  # the same tree in every member
         assert len({row[1] for row in rows}) == 4  # each its own kernel entropy
         for row in rows:
-            assert abs(float(row[2]) - host_t) < 5, row  # clock close to the host's
+            # clock close to the host's: read while the exec ran (4 guests on a loaded host
+            # may take seconds to answer)
+            assert host_t0 - 2 < float(row[2]) < host_t1 + 2, (row, host_t0, host_t1)
             assert int(row[4]) > int(row[3])  # the setup's counter runs in each member
             assert row[5] == "from-setup"
         # No member's write reaches a sibling (nor the start state: a new member).

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
@@ -230,6 +231,8 @@ def run_local_build(verb: str, name: str, cpu: int | None, memory: str | None,
         template = asyncio.run(_in_runtime(cfg, shape, name, make, say))
     except KeyboardInterrupt:
         raise CliError(f"interrupted: template {name} was not changed", 130) from None
+    except asyncio.CancelledError:  # SIGTERM
+        raise CliError(f"terminated: template {name} was not changed", 143) from None
     finally:
         stop()
     output.print_lines([template.name])
@@ -248,6 +251,10 @@ async def _in_runtime(cfg: Any, shape: Any, name: str,
     from aenv.vmm.base import VmmError
 
     rt = Runtime(cfg)
+    # SIGTERM ends the build as Ctrl-C does: its VM, slot and files go with it.
+    main = asyncio.current_task()
+    assert main is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     try:
         await rt.start()
         return await make(rt, shape, say)

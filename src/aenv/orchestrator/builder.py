@@ -115,17 +115,13 @@ async def build_template(rt: Runtime, name: str, recipe: str = "debian",
             pass
 
     progress(f"booting {name} to snapshot it")
-    vm_name = f"build-{name}-{uuid.uuid4().hex[:6]}"
-    m = await rt.cold_boot(vm_name, shape, kernel, tools, image, cmdline)
     try:
-        manifest = Manifest(
-            snapshot_id=f"tpl-{name}-{key[:8]}-{uuid.uuid4().hex[:6]}", shape=shape,
-            kernel=str(kernel), tools=str(tools), cmdline=cmdline, template=name,
-            names=[name],
-        )
-        await rt.snapshot(m.name, manifest)
-    finally:
-        await rt.destroy(m.name)
+        manifest = await _boot_and_snapshot(rt, name, key, shape, kernel, tools, image,
+                                            cmdline)  # fmt: skip
+    except BaseException:
+        if old is None:  # a failed or cancelled first build leaves no directory behind
+            shutil.rmtree(image.parent, ignore_errors=True)
+        raise
     t = Template(
         name=name, recipe=recipe, shape=shape, snapshot_id=manifest.snapshot_id,
         build_key=key, created_at=now_rfc3339(), envd_version=ENVD_VERSION,
@@ -137,3 +133,20 @@ async def build_template(rt: Runtime, name: str, recipe: str = "debian",
             rt.snapshots.delete(old.snapshot_id)
     progress(f"template {name} ready (snapshot {t.snapshot_id})")
     return t
+
+
+async def _boot_and_snapshot(rt: Runtime, name: str, key: str, shape: MachineShape,
+                             kernel: Path, tools: Path, image: Path, cmdline: str
+                             ) -> Manifest:  # fmt: skip
+    vm_name = f"build-{name}-{uuid.uuid4().hex[:6]}"
+    m = await rt.cold_boot(vm_name, shape, kernel, tools, image, cmdline)
+    try:
+        manifest = Manifest(
+            snapshot_id=f"tpl-{name}-{key[:8]}-{uuid.uuid4().hex[:6]}", shape=shape,
+            kernel=str(kernel), tools=str(tools), cmdline=cmdline, template=name,
+            names=[name],
+        )
+        await rt.snapshot(m.name, manifest)
+        return manifest
+    finally:
+        await rt.destroy(m.name)

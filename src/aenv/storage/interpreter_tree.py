@@ -38,9 +38,11 @@ done
 
 
 def sources() -> list[Path]:
-    """What a tree of either kind is made from beside Debian: the server's source files and
-    the requirements files (their hash is the recipe's version: a change makes it again)."""
-    return sorted(p for p in [*SERVER.glob("*.py"), *REQUIREMENTS.glob("*.txt")])
+    """What a tree of either kind is made from beside Debian: the server's source files, the
+    requirements files and the code that installs them (their hash is the recipe's version:
+    a change makes it again)."""
+    makers = [Path(__file__), Path(wheels.__file__)]
+    return sorted(p for p in [*SERVER.glob("*.py"), *REQUIREMENTS.glob("*.txt"), *makers])
 
 
 def version() -> str:

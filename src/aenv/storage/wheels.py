@@ -35,6 +35,10 @@ def install(root: Path, requirements: Path, log_file: Path) -> Path:
     argv = [find_uv_bin(), "pip", "install", "--quiet", "--no-deps", "--require-hashes",
             "--only-binary", ":all:", "--python-version", GUEST_PYTHON,
             "--python-platform", GUEST_PLATFORM, "--link-mode", "copy",
+            # Compiled here (compiling runs no package code): under TCG a guest's Python
+            # compiling IPython and its kin on first import took minutes, and again in every
+            # new kernel, since a sandbox's writes are its own.
+            "--compile-bytecode",
             "--target", str(target), "-r", str(requirements)]  # fmt: skip
     with log_file.open("ab") as out:
         rc = children.run(argv, out)
