@@ -58,6 +58,7 @@ def _vm_entries(node: NodeProcess) -> set[str]:
     return {p.name for p in d.iterdir()} if d.exists() else set()
 
 
+@pytest.mark.long  # ~50 s; CI: integration/vmm/test_bad_input.py
 def test_corrupt_snapshot_is_refused_and_an_intact_one_restores(node: NodeProcess) -> None:
     sbx = Sandbox.create(timeout=600)
     snaps: list[str] = []

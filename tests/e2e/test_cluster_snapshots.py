@@ -191,6 +191,7 @@ def _counter(sbx: Sandbox) -> int:
     return int(sbx.commands.run("cat /dev/shm/c").stdout)
 
 
+@pytest.mark.long  # ~70 s
 def test_a_published_paused_sandbox_of_a_killed_node_resumes_on_another_with_its_memory(
     cluster: Cluster,
 ) -> None:

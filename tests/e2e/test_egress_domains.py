@@ -212,6 +212,7 @@ def test_the_guest_resolver_is_the_policys_first_dns_server_under_the_same_rules
         closed.kill()
 
 
+@pytest.mark.long  # ~30 s
 def test_a_sandbox_reaches_another_by_its_url_through_the_node_and_its_rules(
         node: NodeProcess, web: Web) -> None:  # fmt: skip
     dns = {"dns_servers": [web.inet.addr]}
@@ -243,6 +244,7 @@ def test_a_sandbox_reaches_another_by_its_url_through_the_node_and_its_rules(
             sbx.kill()
 
 
+@pytest.mark.long  # ~30 s
 def test_tcp_goes_through_the_egress_proxy_plain_with_credentials_and_over_tls(
         node: NodeProcess, web: Web) -> None:  # fmt: skip
     url = f"http://{web.inet.addr}:{web.peer}/"  # answers with the address it was reached from

@@ -295,6 +295,7 @@ def test_fuzz_openapi(capped: NodeProcess, sandboxes: Sandboxes) -> None:
     assert sandboxes.snapshots_left() == []
 
 
+@pytest.mark.long  # ~35 s; CI fuzzes each operation on its own
 def test_fuzz_openapi_stateful(capped: NodeProcess, sandboxes: Sandboxes) -> None:
     schema = schemathesis.openapi.from_url(capped.origin + "/openapi.json", config=CONFIG
                                            ).exclude(path_regex=f"^({CONTENT}|{ADMIN}|{CONSOLE})")

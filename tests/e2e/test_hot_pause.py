@@ -169,6 +169,7 @@ def test_a_hot_vmm_killed_by_hand_leaves_its_sandbox_paused_cold(node: NodeProce
         sbx.kill()
 
 
+@pytest.mark.long  # ~25 s
 def test_kill_9_of_the_node_and_a_shutdown_leave_hot_sandboxes_resumable_cold(
     tmp_path: Path, instance: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

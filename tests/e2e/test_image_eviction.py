@@ -42,6 +42,7 @@ def _bytes(cache: ImageCache, tag: str) -> int:
     return sum(cache.blob_path(d).stat().st_blocks * 512 for d in cache.tags()[tag])
 
 
+@pytest.mark.long  # ~75 s; the cache's own rules: unit tests
 def test_eviction_keeps_sandboxes_and_templates_and_pulls_again(
         node: NodeProcess, seeded: Seeded) -> None:
     cache = image_cache(config.load())

@@ -129,6 +129,7 @@ def test_a_start_command_is_running_in_every_sandbox_of_the_template(
     assert p.returncode == 1 and p.stderr.strip() == "aenv: --ready-cmd needs --start-cmd"
 
 
+@pytest.mark.long  # ~30 s
 def test_an_image_that_extends_a_templates_image_is_made_on_that_template(
         node: NodeProcess, seeded: Seeded, template_name: str) -> None:
     lower = f"{template_name}-lower"

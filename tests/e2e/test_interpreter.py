@@ -93,6 +93,7 @@ def _server_pid(sbx: Sandbox) -> str:
     return sbx.commands.run("pgrep -f '^python3 -m aenv.interpreter'", user="root").stdout.strip()
 
 
+@pytest.mark.long  # ~40 s
 def test_a_killed_server_comes_back(sbx: Sandbox) -> None:
     before = _server_pid(sbx)
     assert before.isdigit(), before

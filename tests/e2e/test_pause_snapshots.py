@@ -215,6 +215,7 @@ def test_fork_children_share_then_diverge(node: NodeProcess) -> None:
         sbx.kill()
 
 
+@pytest.mark.long  # ~25 s; CI: fork children and restores
 def test_sixteen_forks_read_distinct_randomness(node: NodeProcess) -> None:
     sbx = Sandbox.create(timeout=300)
     kids: list[Sandbox] = []

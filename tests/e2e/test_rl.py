@@ -359,6 +359,7 @@ def test_checkpoints_roll_back_in_place_and_branch_into_a_tree(node: NodeProcess
         time.sleep(0.2)
 
 
+@pytest.mark.long  # ~25 s
 def test_the_gymnasium_environment_passes_check_env_and_clones(node: NodeProcess,
                                                                rl: RL) -> None:
     from gymnasium.utils.env_checker import check_env

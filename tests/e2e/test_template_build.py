@@ -109,7 +109,8 @@ def test_a_failing_step_names_itself_and_leaves_no_template(node: NodeProcess, s
     assert not Template.exists(name)
 
 
-@pytest.mark.parametrize("image", ["localhost/aenv/base-minimal", "e2bdev/base"])
+@pytest.mark.parametrize("image", [  # e2bdev/base (the familiar template, ~60 s): test-long
+    "localhost/aenv/base-minimal", pytest.param("e2bdev/base", marks=pytest.mark.long)])
 def test_a_build_from_the_nodes_own_base_image_starts_from_its_template(
         node: NodeProcess, image: str) -> None:
     """`aenv setup` exports the minimal Debian as `localhost/aenv/base-minimal`, and the

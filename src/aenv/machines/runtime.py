@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aenv.config import Config, MachineShape
 from aenv.faults import fault
-from aenv.machines import adoption, agent_replies, durability, guest_trust, hot
+from aenv.machines import adoption, agent_replies, durability, hot
 from aenv.machines.adopting import Adopting
 from aenv.machines.agent_replies import GuestReplyError
 from aenv.machines.api import (
@@ -56,15 +56,12 @@ from aenv.machines.machine import (
 from aenv.machines.paging import Pager
 from aenv.machines.pausing import Pausing
 from aenv.machines.pools import RecentPools, VmPool
+from aenv.machines.slot_egress import SlotEgress
 from aenv.machines.slot_volumes import SlotVolumes
-from aenv.network.egress import EgressPolicy, public_ranges
-from aenv.network.egress_proxy import EgressProxy, hairpin_of
-from aenv.network.intercept import Interceptor
-from aenv.network.interception_ca import InterceptionCA, ca_paths, load_ca, upstream_context
+from aenv.network.egress import EgressPolicy
 from aenv.network.pool import SlotPool
 from aenv.network.rules import RulesError
-from aenv.network.slot import Slot, set_egress
-from aenv.network.tunnels import SlotListeners, needs_listener
+from aenv.network.slot import Slot
 from aenv.obs import VMM_EXITS, log_event
 from aenv.storage import datafs
 from aenv.storage.files import clone, remove_tree
@@ -109,14 +106,7 @@ class Runtime(Pausing, Cloning, Adopting):
             prefix=f"{cfg.instance}-",
         )
         self._machines: dict[str, Machine] = {}
-        self._public = public_ranges(cfg.network.public_ranges)  # egress: "internet" here
-        # Domains in allowOut, and the node's sandbox URLs from inside (egress_proxy.py).
-        # network.rules: TLS interception and request rewriting, by the slots' own listeners
-        # and, for the node's sandbox URLs, by the egress proxy.
-        self.interceptor = Interceptor(lambda: load_ca(*ca_paths(cfg)), upstream_context(cfg),
-                                       secret=self._secret)  # fmt: skip
-        self.egress_proxy = EgressProxy(hairpin=hairpin_of(cfg), interceptor=self.interceptor)
-        self.tunnels = SlotListeners(self.interceptor)  # egressProxy (SOCKS5), network.rules
+        self.egress = SlotEgress(cfg, secret=self._secret)
         self.volumes = SlotVolumes(cfg)  # the slots' NFS servers, for guests with volumes
         # Pooled VMs (pools.py): empty incoming QEMUs for any restore of the default shape,
         # and default-template VMs primed for a create.
@@ -142,7 +132,6 @@ class Runtime(Pausing, Cloning, Adopting):
     # -- lifecycle of the runtime itself ------------------------------------------------
     async def start(self) -> None:
         await asyncio.to_thread(datafs.ensure, self.cfg.data_dir, self.cfg.data_image_size_gib)
-        _ = self.interceptor.ca  # made now, on the data filesystem, so a bad file fails start
         for d in (self.cfg.artifacts_dir, self.cfg.templates_dir, self.cfg.snapshots_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.cfg.sandboxes_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
@@ -162,7 +151,7 @@ class Runtime(Pausing, Cloning, Adopting):
         except (TemplateMissing, SnapshotNotFound, SnapshotCorrupt):
             pass  # no default template yet (before `aenv setup`): no pool
         self.hot.start()
-        await self.egress_proxy.start()
+        await self.egress.start()
         log.info("runtime ready: driver=%s accel=%s", self.driver.name, self.driver.accel())
 
     async def close(self) -> None:
@@ -173,8 +162,7 @@ class Runtime(Pausing, Cloning, Adopting):
         await asyncio.gather(*(self._destroy(m) for m in list(self._machines.values())))
         self._machines.clear()
         await self.slots.close_async()
-        await self.egress_proxy.close()
-        await self.tunnels.close()
+        await self.egress.close()
         await self.volumes.close()
         await self.fsyncs.close()
 
@@ -331,52 +319,41 @@ class Runtime(Pausing, Cloning, Adopting):
         async with m.net_lock:
             if m.stopping:
                 return False
-            await self._apply_egress(m.slot, policy, fresh=False)
+            await self.egress.apply(m.slot, policy, fresh=False)
             if policy.rules:
                 try:
-                    await self._trust_egress_ca(m, m.access_token)
+                    await self.egress.trust(m.http, m.slot, m.access_token)
                 except TrustError as e:
                     raise OSError(f"the guest could not be made to trust the egress CA: {e}"
                                   ) from e  # fmt: skip
         return True
 
-    async def _trust_egress_ca(self, m: Machine, token: str | None) -> None:
-        await guest_trust.trust(m.http, m.slot.url(AGENT_PORT), token, self.interceptor.ca.pem)
-
     @property
     def egress_ca(self) -> tuple[str, str]:
         """The egress CA's certificate and key (PEM): what guests with rules trust."""
-        return self.interceptor.ca.pem, self.interceptor.ca.key_pem
+        return self.egress.ca
 
     def use_egress_ca(self, cert: str, key: str) -> None:
         """Sign with the cluster's CA from now on (cluster/secrets.py)."""
-        if cert != self.interceptor.ca.pem:
-            self.interceptor.ca = InterceptionCA(cert, key)
+        self.egress.use_ca(cert, key)
 
     async def _secret(self, team_id: str, name: str) -> str:
         if self.secret_value is None:
             raise LookupError(name)
         return await self.secret_value(team_id, name)
 
-    async def _apply_egress(self, slot: Slot, policy: EgressPolicy, *, fresh: bool) -> None:
-        # The slot's listener exists before the rules name it, and closes after they stop.
-        listener = (await self.tunnels.listen(slot.slot_addr, slot.netns_path)
-                    if needs_listener(policy) else None)  # fmt: skip
-        sets = await asyncio.to_thread(set_egress, slot, policy, self.cfg.slot_network,
-                                       self._public, fresh=fresh,
-                                       proxy=self.egress_proxy.ports,
-                                       hairpin=self.egress_proxy.hairpin is not None,
-                                       listener=listener)  # fmt: skip
-        self.egress_proxy.admit(slot.slot_addr, policy, sets)
-        self.tunnels.admit(slot.slot_addr, policy, sets)
-
     async def push_init(self, m: Machine, init: AgentInit,
                         deadline_s: float | None = None) -> None:
         """Identity, env and fresh entropy for the guest; one attempt, no retry: a restored
         guest must answer its first request (fixed MACs make any slot look the same).
-        First the sandbox's egress policy goes onto its slot (every start comes here)."""
+        First the sandbox's egress policy goes onto its slot (every start comes here). Its
+        VMM runs before idle ones meanwhile (a burst's last creates wait on it)."""
+        with Cgroup(self.driver.jail_prefix + m.jail).first():
+            await self._push_init(m, init, deadline_s)
+
+    async def _push_init(self, m: Machine, init: AgentInit, deadline_s: float | None) -> None:
         try:
-            await self._apply_egress(m.slot, init.egress, fresh=True)
+            await self.egress.apply(m.slot, init.egress, fresh=True)
         except (OSError, RulesError) as e:
             raise BootError(f"applying the egress policy failed: {e}") from e
         body: dict[str, object] = {
@@ -406,7 +383,7 @@ class Runtime(Pausing, Cloning, Adopting):
             await self._push_clock(m)  # the guest set a time that was old by then
         if init.egress.rules:  # before the client gets it: its first request may be ruled
             try:
-                await self._trust_egress_ca(m, init.access_token)
+                await self.egress.trust(m.http, m.slot, init.access_token)
             except TrustError as e:
                 raise BootError(f"the guest could not be made to trust the egress CA: {e}"
                                 ) from e  # fmt: skip
@@ -446,8 +423,7 @@ class Runtime(Pausing, Cloning, Adopting):
         with contextlib.suppress(Exception):
             await m.vm.kill()
         async with m.net_lock:  # an egress update in flight ends first
-            self.egress_proxy.forget(m.slot.slot_addr)
-            self.tunnels.forget(m.slot.slot_addr)
+            self.egress.forget(m.slot)
             await self._give_back(m.slot)
 
     async def _destroy(self, m: Machine) -> None:

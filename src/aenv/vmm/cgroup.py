@@ -11,11 +11,15 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 GROUP = "aenv"
+# CPU weights: the kernel's defaults, and 10x that for a group `first()` (v2, v1).
+WEIGHT, WEIGHT_FIRST = 100, 1000
+SHARES, SHARES_FIRST = 1024, 10240
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,24 @@ class Cgroup:
         except (OSError, ValueError):
             pass
         return 0
+
+    @contextlib.contextmanager
+    def first(self) -> Iterator[None]:
+        """While inside, the group's processes run before others of equal need: a VMM a
+        client waits on (a restored guest's first answers) goes before idle ones, whose
+        timers alone keep 2 cores busy with 60 guests under TCG. Best effort."""
+        self._weight(True)
+        try:
+            yield
+        finally:
+            self._weight(False)
+
+    def _weight(self, first: bool) -> None:
+        f, value = ((self.dirs[""] / "cpu.weight", WEIGHT_FIRST if first else WEIGHT)
+                    if self.v2 else
+                    (self.dirs["cpu"] / "cpu.shares", SHARES_FIRST if first else SHARES))
+        with contextlib.suppress(OSError):  # a VMM that ended has no group
+            f.write_text(str(value))
 
     def memory_current(self) -> int:
         f = (self.dirs[""] / "memory.current") if self.v2 else (
