@@ -19,10 +19,14 @@ Prints one table per part; nothing is asserted.
   time of a few commands, a node each.
 - reclaim: a sandbox that wrote 64 MiB, idle until the node reclaimed it (reclaim_idle_s 3):
   the first command after, against the same command steady, with the bytes it paged in.
+- idlecpu: 1 vs 32 (`--quick`: 4) idle sandboxes, 10 s after their creation: the CPU their
+  VMMs use over 20 s (each, and all of them as a share of the host's cores), and the time of a
+  first and a second command in one of them beside the others.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -36,7 +40,8 @@ from node import pct
 
 from aenv import config
 
-PARTS = ("idle", "fork", "pause", "qemu", "tb", "reclaim")
+PARTS = ("idle", "fork", "pause", "qemu", "tb", "reclaim", "idlecpu")
+CPU_WINDOW_S = 20.0
 SETTLE_S = 10.0
 KIB = 1024
 
@@ -280,13 +285,48 @@ def majflt(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[9])
 
 
+def percent(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def idlecpu(api: Api, quick: bool, template: str) -> None:
+    from aenv.machines.meter import process_cpu_s
+
+    rows = []
+    for n in (1, 4 if quick else 32):
+        sids: list[str] = []
+        try:
+            for _ in range(n):
+                sids.append(api.create(template))
+            time.sleep(SETTLE_S)
+            pids = [qemu_pid(api.vm_dir(s)) for s in sids]
+            before = [process_cpu_s(p) for p in pids]
+            time.sleep(CPU_WINDOW_S)
+            used = [process_cpu_s(p) - b for p, b in zip(pids, before, strict=True)]
+            each = statistics.mean(used) / CPU_WINDOW_S
+            host = sum(used) / CPU_WINDOW_S / (os.cpu_count() or 1)
+            t0 = time.monotonic()
+            api.sh(sids[0], "echo first")
+            t1 = time.monotonic()
+            api.sh(sids[0], "echo second")
+            t2 = time.monotonic()
+            rows.append([f"{n} idle", percent(each), percent(max(used) / CPU_WINDOW_S),
+                         percent(host),
+                         ms(t1 - t0), ms(t2 - t1)])  # fmt: skip
+        finally:
+            for s in sids:
+                api.kill(s)
+    table(f"idle sandboxes of {template}: their VMMs' CPU (of one core; host: of all cores)",
+          ["each (mean)", "each (max)", "host", "1st command", "2nd command"], rows)
+
+
 def main() -> None:
     args, parts = parse_parts(__doc__, PARTS)
     template = config.load().default_template
     with bench_node() as api:
         for part in parts:
             {"idle": idle, "fork": fork, "pause": pause, "qemu": qemu, "tb": tb,
-             "reclaim": reclaim}[part](api, args.quick, template)
+             "reclaim": reclaim, "idlecpu": idlecpu}[part](api, args.quick, template)
 
 
 if __name__ == "__main__":
