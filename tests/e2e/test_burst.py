@@ -62,9 +62,9 @@ def test_64_simultaneous_creates_all_run(node64: NodeProcess) -> None:
             failed = [repr(g) for g in got if isinstance(g, BaseException)]
             assert not failed, f"{len(failed)} of 64 creates failed: {failed[:3]}"
             assert len({s.sandbox_id for s, _ in made}) == 64
-            # every one answers (its agent is up): a command in a few of them. 64 idle TCG
-            # guests keep 2 cores busy with their timers alone, so a first command (its QEMU
-            # translates the agent's code anew) may take past the SDK's 60 s.
+            # every one answers (its agent is up): a command in a few of them. 64 just-made
+            # TCG guests (~3% of a core each when idle) fill 2 cores, so a first command (its
+            # QEMU translates the agent's code anew) may take past the SDK's 60 s.
             t1 = time.monotonic()
             rs = await asyncio.gather(*(s.commands.run("echo up", timeout=240,
                                                        request_timeout=240)
